@@ -1,0 +1,111 @@
+"""`make bench`: run every benchmark in one go, print one table, write docs/performance.md.
+
+Each area's module (`bench/engine.py`, `bench/intake.py`, ...) exposes
+`run(*, quick: bool) -> list[dict[str, object]]`. Rows put a measurement next to a baseline
+measured in the same run on the same machine, so the ratio is what to read; absolute numbers
+are context. A module that fails is reported as a failed row, and the others still run.
+
+Usage: python -m bench [--quick] [--only engine,intake] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+
+AREAS = ("engine", "intake", "launch", "trainer", "endtoend", "footprint")
+REPORT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
+COLUMNS = ("benchmark", "measure", "value", "unit", "baseline", "ratio", "goal", "notes")
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return "" if value is None else str(value).replace("|", "\\|")
+
+
+def _machine() -> str:
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        cpu = platform.processor() or "unknown CPU"
+    cores = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
+    return f"{cpu}, {cores} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def _versions() -> str:
+    from importlib import metadata
+
+    names = ("faust-streaming", "aiokafka", "kubernetes", "torch", "transformers", "peft")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join(found)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--quick", action="store_true", help="smaller inputs, for a smoke run")
+    parser.add_argument("--only", default="", help="comma-separated areas: " + ",".join(AREAS))
+    parser.add_argument("--no-write", action="store_true", help="do not rewrite the report")
+    args = parser.parse_args(argv)
+    areas = [a for a in args.only.split(",") if a] or list(AREAS)
+
+    rows: list[dict[str, object]] = []
+    failed = 0
+    for area in areas:
+        started = time.monotonic()
+        print(f"bench: {area} ...", file=sys.stderr, flush=True)
+        try:
+            module = importlib.import_module(f"bench.{area}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"bench.{area}":
+                print(f"bench: {area}: no benchmark module yet, skipped", file=sys.stderr)
+                continue
+            raise
+        try:
+            rows.extend(module.run(quick=args.quick))
+        except Exception as exc:  # one broken benchmark must not hide the others
+            failed += 1
+            traceback.print_exc()
+            rows.append({"benchmark": area, "measure": "FAILED", "notes": repr(exc)[:200]})
+        print(f"bench: {area} done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+    header = "| " + " | ".join(COLUMNS) + " |"
+    rule = "|" + "|".join(" --- " for _ in COLUMNS) + "|"
+    lines = [header, rule] + [
+        "| " + " | ".join(_fmt(row.get(column)) for column in COLUMNS) + " |" for row in rows
+    ]
+    table = "\n".join(lines)
+    print(table)
+    if not args.no_write:
+        REPORT.write_text(
+            "# Performance\n\n"
+            "Written by `make bench` (`python -m bench`); do not edit by hand.\n"
+            "Every ratio compares two measurements taken in the same run on the same machine.\n\n"
+            f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+            f"{' (quick mode)' if args.quick else ''}\n"
+            f"- machine: {_machine()}\n"
+            f"- versions: {_versions()}\n\n"
+            f"{table}\n"
+        )
+        print(f"bench: wrote {REPORT}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
