@@ -1,0 +1,295 @@
+"""Process settings of tuneloop: one `Settings` root, built once from the environment.
+
+`Settings.from_env()` is called by the composition root (`handlers/app.py`, the CLI) and the
+result is passed explicitly to whatever needs it; nothing here is a singleton. Every field
+has an attribute docstring giving its unit, its default and why the default is what it is;
+`docs/operations.md` is generated from these docstrings.
+
+Settings are not rules: what to train and when lives in versioned rule files. These are the
+knobs of the process (where Kafka is, how big an event may be).
+
+Groups: `KafkaSettings` (this module). Other areas add their own frozen group dataclass here
+(for example `BackendSettings`, `WatchSettings`) as a new field of `Settings` with a default,
+plus a `_<group>_from_env` reader called by `Settings.from_env` — see the marked place below.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TypeVar
+
+from orchestrator.errors import ConfigError
+
+_T = TypeVar("_T")
+_Choice = TypeVar("_Choice", bound=enum.StrEnum)
+
+ENV_PREFIX = "TUNELOOP_"
+"""Every environment variable tuneloop reads starts with this."""
+
+
+class SecurityProtocol(enum.StrEnum):
+    """How the connection to the brokers is protected (Kafka's `security.protocol`)."""
+
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+
+class SaslMechanism(enum.StrEnum):
+    """How a SASL client proves who it is."""
+
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+class OutputMode(enum.StrEnum):
+    """How tuneloop writes its own CloudEvents to Kafka (the binding's two modes)."""
+
+    BINARY = "binary"
+    STRUCTURED = "structured"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    """Where the brokers are, which topics tuneloop reads and writes, and the intake limits.
+
+    Environment variables are `TUNELOOP_KAFKA_<FIELD>` in upper case, e.g.
+    `TUNELOOP_KAFKA_BOOTSTRAP`, `TUNELOOP_KAFKA_TOPICS_IN=a,b`.
+    """
+
+    bootstrap: str = "127.0.0.1:9092"
+    """Comma-separated `host:port` list of brokers. Default `127.0.0.1:9092`, the local broker
+    of `make services`, so that nothing leaves the machine unless configured."""
+
+    topics_in: tuple[str, ...] = ("tuneloop.events",)
+    """Topics the intake consumes CloudEvents from (comma-separated in the environment).
+    Default `tuneloop.events`."""
+
+    topic_dlq: str = "tuneloop.dead-letters"
+    """Where records that can never be processed go, untouched, with a reason in their
+    headers. Default `tuneloop.dead-letters`."""
+
+    topic_out: str = "tuneloop.finetune"
+    """Where tuneloop publishes its own events (`io.tuneloop.finetune.*`). Default
+    `tuneloop.finetune`."""
+
+    topic_audit: str = "tuneloop.audit"
+    """Where decisions (`io.tuneloop.decision.v1`) are recorded, for "why did it fire?".
+    Default `tuneloop.audit`."""
+
+    group_id: str = "tuneloop"
+    """Consumer group, also the faust app id and so the prefix of internal topics and
+    changelogs. Default `tuneloop`. Changing it starts from the topic's beginning with an
+    empty dedup table, so change it only on purpose."""
+
+    internal_partitions: int = 8
+    """Partitions of tuneloop's internal topics (the repartition topic keyed by rule key,
+    changelogs). Default 8, faust's own default; it bounds how many workers share the work
+    and cannot be changed once the topics exist."""
+
+    security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    """`PLAINTEXT`, `SSL` (TLS, mTLS with a client certificate), `SASL_PLAINTEXT` or
+    `SASL_SSL`. Default `PLAINTEXT`, right only for a broker on localhost."""
+
+    sasl_mechanism: SaslMechanism | None = None
+    """`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`; required with a `SASL_*` protocol.
+    Default none."""
+
+    sasl_username: str | None = None
+    """SASL user name. Default none."""
+
+    sasl_password: str | None = field(default=None, repr=False)
+    """SASL password; never logged or shown in `repr`. Default none."""
+
+    tls_ca_file: str | None = None
+    """PEM file of the CAs that sign the brokers' certificates; none uses the system store.
+    Default none."""
+
+    tls_cert_file: str | None = None
+    """PEM client certificate for mTLS; needs `tls_key_file`. Default none."""
+
+    tls_key_file: str | None = None
+    """PEM private key of the client certificate. Default none."""
+
+    max_event_bytes: int = 1_048_576
+    """Largest record value the intake accepts, in bytes; larger ones are dead-lettered with
+    `record.too_large`. Default 1 MiB, Kafka's own default `message.max.bytes`: triggers carry
+    references to data (a dataset URI), never the data."""
+
+    max_age: timedelta | None = timedelta(hours=24)
+    """Events whose `time` (or, without one, record timestamp) is older than this are
+    dead-lettered with `event.too_old` instead of triggering training. Seconds in the
+    environment; `0` or `none` disables. Default 24 h: a day-old drift alarm should not start
+    a job by surprise after an outage. Must not exceed `dedup_ttl`."""
+
+    dedup_ttl: timedelta = timedelta(hours=48)
+    """How long an event's (source, id) is remembered to skip duplicates. Seconds in the
+    environment. Default 48 h, twice `max_age`: a duplicate arriving after it is forgotten is
+    already too old to be accepted, so no event is processed twice."""
+
+    dedup_max_entries: int = 1_000_000
+    """Most (source, id) pairs remembered per worker partition; the oldest are forgotten
+    first. Default one million (about 100 MB of memory at ~100 bytes each)."""
+
+    output_mode: OutputMode = OutputMode.BINARY
+    """How published events are written: `binary` (`ce_*` headers, data as the value; what
+    most consumers expect) or `structured` (one JSON envelope). Default `binary`."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap.strip():
+            raise ConfigError("TUNELOOP_KAFKA_BOOTSTRAP is empty: name at least one broker")
+        if not self.topics_in:
+            raise ConfigError("TUNELOOP_KAFKA_TOPICS_IN is empty: name at least one topic")
+        if self.max_event_bytes <= 0:
+            raise ConfigError("TUNELOOP_KAFKA_MAX_EVENT_BYTES must be positive")
+        if self.internal_partitions <= 0:
+            raise ConfigError("TUNELOOP_KAFKA_INTERNAL_PARTITIONS must be positive")
+        if self.dedup_max_entries <= 0:
+            raise ConfigError("TUNELOOP_KAFKA_DEDUP_MAX_ENTRIES must be positive")
+        if self.dedup_ttl <= timedelta(0):
+            raise ConfigError("TUNELOOP_KAFKA_DEDUP_TTL must be positive")
+        if self.max_age is not None and self.max_age > self.dedup_ttl:
+            raise ConfigError(
+                f"TUNELOOP_KAFKA_MAX_AGE ({self.max_age}) exceeds TUNELOOP_KAFKA_DEDUP_TTL "
+                f"({self.dedup_ttl}): a duplicate could arrive after its first copy is "
+                "forgotten yet still be young enough to be processed again"
+            )
+        uses_sasl = self.security_protocol in (
+            SecurityProtocol.SASL_PLAINTEXT,
+            SecurityProtocol.SASL_SSL,
+        )
+        if uses_sasl and (self.sasl_mechanism is None or not self.sasl_username):
+            raise ConfigError(
+                f"security protocol {self.security_protocol} needs TUNELOOP_KAFKA_SASL_MECHANISM "
+                "and TUNELOOP_KAFKA_SASL_USERNAME"
+            )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError(
+                "mTLS needs both TUNELOOP_KAFKA_TLS_CERT_FILE and TUNELOOP_KAFKA_TLS_KEY_FILE"
+            )
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether the connection is encrypted."""
+        return self.security_protocol in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """All of tuneloop's process settings."""
+
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    """The broker connection, topics and intake limits."""
+
+    # Other groups (BackendSettings, WatchSettings, ...) go here as new fields with a default,
+    # each read in `from_env` by its own `_<group>_from_env(env)` function.
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read every `TUNELOOP_*` variable; unset ones keep their defaults.
+
+        Args:
+            environ: the environment to read; `os.environ` when omitted (tests pass a dict).
+
+        Raises:
+            ConfigError: a value does not parse or the combination is unsafe; the message
+                names the variable.
+        """
+        env = os.environ if environ is None else environ
+        return cls(kafka=_kafka_from_env(_EnvReader(env, f"{ENV_PREFIX}KAFKA_")))
+
+
+class _EnvReader:
+    """Typed access to prefixed variables, with errors that name the variable."""
+
+    def __init__(self, env: Mapping[str, str], prefix: str) -> None:
+        self._env = env
+        self._prefix = prefix
+
+    def name(self, key: str) -> str:
+        return f"{self._prefix}{key.upper()}"
+
+    def raw(self, key: str) -> str | None:
+        value = self._env.get(self.name(key))
+        if value is None or not value.strip():
+            return None
+        return value.strip()
+
+    def integer(self, key: str) -> int | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{self.name(key)}={value!r} is not an integer") from None
+
+    def seconds(self, key: str) -> timedelta | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        try:
+            return timedelta(seconds=float(value))
+        except (ValueError, OverflowError):
+            raise ConfigError(f"{self.name(key)}={value!r} is not a number of seconds") from None
+
+    def choice(self, key: str, kind: type[_Choice]) -> _Choice | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        for member in kind:
+            if member.value.lower() == value.lower():
+                return member
+        allowed = ", ".join(member.value for member in kind)
+        raise ConfigError(f"{self.name(key)}={value!r} is not one of: {allowed}")
+
+
+def _kafka_from_env(env: _EnvReader) -> KafkaSettings:
+    defaults = KafkaSettings()
+    topics = env.raw("topics_in")
+    max_age: timedelta | None = defaults.max_age
+    max_age_text = env.raw("max_age")
+    if max_age_text is not None:
+        if max_age_text.lower() in ("none", "off"):
+            max_age = None
+        else:
+            max_age = env.seconds("max_age")
+            if max_age is not None and max_age <= timedelta(0):
+                max_age = None
+    return KafkaSettings(
+        bootstrap=env.raw("bootstrap") or defaults.bootstrap,
+        topics_in=(
+            tuple(name.strip() for name in topics.split(",") if name.strip())
+            if topics is not None
+            else defaults.topics_in
+        ),
+        topic_dlq=env.raw("topic_dlq") or defaults.topic_dlq,
+        topic_out=env.raw("topic_out") or defaults.topic_out,
+        topic_audit=env.raw("topic_audit") or defaults.topic_audit,
+        group_id=env.raw("group_id") or defaults.group_id,
+        internal_partitions=_or(env.integer("internal_partitions"), defaults.internal_partitions),
+        security_protocol=_or(
+            env.choice("security_protocol", SecurityProtocol), defaults.security_protocol
+        ),
+        sasl_mechanism=env.choice("sasl_mechanism", SaslMechanism),
+        sasl_username=env.raw("sasl_username"),
+        sasl_password=env.raw("sasl_password"),
+        tls_ca_file=env.raw("tls_ca_file"),
+        tls_cert_file=env.raw("tls_cert_file"),
+        tls_key_file=env.raw("tls_key_file"),
+        max_event_bytes=_or(env.integer("max_event_bytes"), defaults.max_event_bytes),
+        max_age=max_age,
+        dedup_ttl=_or(env.seconds("dedup_ttl"), defaults.dedup_ttl),
+        dedup_max_entries=_or(env.integer("dedup_max_entries"), defaults.dedup_max_entries),
+        output_mode=_or(env.choice("output_mode", OutputMode), defaults.output_mode),
+    )
+
+
+def _or(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
