@@ -1,0 +1,467 @@
+"""`KubernetesBackend`: tuneloop's jobs as Kubeflow Trainer v2 TrainJobs.
+
+Wired by `handlers/app.py`; implements `orchestrator.ports.TrainingBackend`. It talks to the
+API server only through `CustomObjectsApi` (the synchronous kubernetes client, each call
+wrapped in `asyncio.to_thread`), so it needs nothing but the Trainer CRDs.
+
+* `launch` - pick the runtime (`catalog.py`), build the TrainJob (`manifests.py`), create it.
+  5xx/429/timeouts are retried with exponential backoff, then raised as
+  `TransientBackendError`; 4xx is raised at once as `JobRejectedError` with the API server's
+  message. `409 AlreadyExists` for a TrainJob with our labels and the same decision id is the
+  same job (a replayed decision, or a create whose answer was lost); anything else by that
+  name is a clear error.
+* `cancel` - *deletes* the TrainJob (background propagation: the JobSet and pods follow).
+  Suspending would keep the pods' resources reserved by the JobSet and would leave a job that
+  someone must clean up; `concurrency: replace` wants the old job gone. The watcher reports the
+  deletion of a job that had not finished as `Failed` with reason `Cancelled` (by us) or
+  `Deleted` (by someone else), so every job still ends with exactly one failed/completed.
+* `observe` - list, then watch from the list's `resourceVersion` (with bookmarks); on a watch
+  that ends normally, watch again from the last version seen; on `410 Gone` list again.
+  Phases come from the status (`phase_of`): `Complete`/`Failed`/`Suspended` conditions, else
+  `Running` when a trainer job is active, else `Pending`; a job whose JobSet never appeared
+  (no `jobsStatus` after `jobset_timeout` seconds) is `Failed` with reason `JobSetNotCreated`.
+  Only changes that `tracking.next_transition` accepts are yielded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import structlog
+from kubernetes.client import ApiClient, CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from orchestrator.clock import Clock
+from orchestrator.errors import BackendError, TransientBackendError
+from orchestrator.jobs.completion import JobContext
+from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest
+from orchestrator.jobs.tracking import next_transition
+from runtimes.kubernetes import manifests, results
+from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
+from runtimes.kubernetes.errors import foreign_object_error, is_transient, translate
+
+log = structlog.get_logger(__name__)
+
+_response_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
+"""The client's own line splitter for a streamed watch response (typed here)."""
+
+BACKEND_NAME = "kubernetes"
+INITIALIZER_JOBS = frozenset({"dataset-initializer", "model-initializer"})
+SELECTOR = f"{manifests.MANAGED_BY_LABEL}={manifests.MANAGED_BY}"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSettings:
+    """How the Kubernetes backend behaves; one per deployment."""
+
+    namespace: str = "default"
+    """Namespace the TrainJobs are created in (and watched)."""
+    launch_attempts: int = 5
+    """Tries of one create before a transient failure is handed back to the consumer."""
+    backoff_initial: float = 0.5
+    """Seconds before the first retry; doubled each time."""
+    backoff_max: float = 8.0
+    """Upper bound of one backoff wait, seconds."""
+    request_timeout: float = 15.0
+    """Seconds one API call may take before it counts as a transient failure."""
+    watch_timeout: int = 60
+    """Seconds one watch request stays open; also how often stuck jobs are re-checked."""
+    jobset_timeout: float = 600.0
+    """Seconds a TrainJob may wait for its JobSet (any `jobsStatus`) before it is reported
+    `Failed` with reason `JobSetNotCreated` (Trainer #2735: a JobSet the controller cannot
+    create leaves the status empty)."""
+    manifests: manifests.Settings = field(default_factory=manifests.Settings)
+
+
+def phase_of(
+    obj: Mapping[str, Any], *, now: datetime, jobset_timeout: float
+) -> tuple[JobPhase, str | None, str | None]:
+    """(phase, reason, message) of the TrainJob *obj* at *now*. Pure."""
+    status = obj.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    for kind, phase in (
+        ("Failed", JobPhase.FAILED),
+        ("Complete", JobPhase.SUCCEEDED),
+        ("Suspended", JobPhase.SUSPENDED),
+    ):
+        condition = conditions.get(kind)
+        if condition is not None and condition.get("status") == "True":
+            return phase, condition.get("reason"), condition.get("message")
+    jobs = status.get("jobsStatus") or []
+    if any(
+        job.get("name") not in INITIALIZER_JOBS and (job.get("active") or 0) > 0 for job in jobs
+    ):
+        return JobPhase.RUNNING, None, None
+    if not jobs:
+        # Waiting counts from creation, or from the last resume (Kueue admits by resuming).
+        resumed = conditions.get("Suspended")
+        since = results.parse_timestamp(
+            (resumed or {}).get("lastTransitionTime")
+            or (obj.get("metadata") or {}).get("creationTimestamp")
+        )
+        if since is not None and (now - since).total_seconds() > jobset_timeout:
+            return (
+                JobPhase.FAILED,
+                "JobSetNotCreated",
+                f"no JobSet appeared within {jobset_timeout:g}s; see the TrainJob's events "
+                "(reason TrainJobResourcesCreationFailed)",
+            )
+    return JobPhase.PENDING, None, None
+
+
+class _ResourceVersionGoneError(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class KubernetesBackend:
+    """A `TrainingBackend` on Kubeflow Trainer v2 (see the module docstring).
+
+    Args:
+        api: the `CustomObjectsApi` to use.
+        clock: stamps observations and times the JobSet timeout.
+        catalog: runtimes on offer; one over the same `api` is made when None.
+        settings: see `BackendSettings`.
+        sleep: how to wait between retries (tests pass a recorder).
+    """
+
+    def __init__(
+        self,
+        api: CustomObjectsApi,
+        *,
+        clock: Clock,
+        catalog: RuntimeCatalog | None = None,
+        settings: BackendSettings | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._api = api
+        self._clock = clock
+        self._settings = settings or BackendSettings()
+        self._catalog = catalog or RuntimeCatalog(
+            api, clock=clock, namespace=self._settings.namespace
+        )
+        self._sleep = sleep
+        self._cancelled: set[str] = set()
+
+    @classmethod
+    def from_api_client(
+        cls, api_client: ApiClient, *, clock: Clock, settings: BackendSettings | None = None
+    ) -> KubernetesBackend:
+        """A backend on *api_client* (e.g. from `kubernetes.config.new_client_from_config`)."""
+        return cls(CustomObjectsApi(api_client), clock=clock, settings=settings)
+
+    @property
+    def namespace(self) -> str:
+        return self._settings.namespace
+
+    def _ref(self, name: str) -> JobRef:
+        return JobRef(name=name, backend=BACKEND_NAME, namespace=self.namespace)
+
+    # --- launch -------------------------------------------------------------------------
+
+    async def launch(self, request: TrainingRequest) -> JobRef:
+        runtime = await self._catalog.select(
+            request.runtime, needs_gpu=request.resources.gpus_per_node > 0
+        )
+        body = manifests.build_trainjob(
+            request, namespace=self.namespace, runtime=runtime, settings=self._settings.manifests
+        )
+        doing = f"create TrainJob {self.namespace}/{request.name}"
+        delay = self._settings.backoff_initial
+        for attempt in range(1, self._settings.launch_attempts + 1):
+            try:
+                await self._call(
+                    self._api.create_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    manifests.PLURAL,
+                    body,
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    if await self._is_same_job(request):
+                        log.info("job_already_launched", job=request.name, attempt=attempt)
+                        return self._ref(request.name)
+                    continue  # deleted between the 409 and the read: create again
+                error = translate(exc, doing=doing)
+            except Exception as exc:
+                error = translate(exc, doing=doing)
+            else:
+                log.info("job_launched", job=request.name, runtime=runtime.reference)
+                return self._ref(request.name)
+            if not isinstance(error, TransientBackendError):
+                log.warning("job_rejected", job=request.name, error=str(error))
+                raise error
+            if attempt == self._settings.launch_attempts:
+                raise error
+            wait = max(delay, error.delay)
+            log.info("job_launch_retry", job=request.name, attempt=attempt, delay=wait)
+            await self._sleep(wait)
+            delay = min(delay * 2, self._settings.backoff_max)
+        raise TransientBackendError(f"{doing}: gave up", delay=delay)  # pragma: no cover
+
+    async def _is_same_job(self, request: TrainingRequest) -> bool:
+        """After a 409: True if the existing TrainJob is this decision's, raise if foreign."""
+        try:
+            existing = await self._get(request.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise translate(exc, doing=f"read TrainJob {request.name}") from exc
+        metadata = existing.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        annotations = metadata.get("annotations") or {}
+        if labels.get(manifests.MANAGED_BY_LABEL) != manifests.MANAGED_BY:
+            owner = labels.get(manifests.MANAGED_BY_LABEL) or "someone else (no managed-by label)"
+            raise foreign_object_error(request.name, namespace=self.namespace, owner=owner)
+        theirs = annotations.get(manifests.DECISION_ID)
+        if theirs != request.decision_id:
+            raise foreign_object_error(
+                request.name, namespace=self.namespace, owner=f"tuneloop decision {theirs!r}"
+            )
+        return True
+
+    # --- cancel -------------------------------------------------------------------------
+
+    async def cancel(self, job: JobRef) -> None:
+        try:
+            existing = await self._get(job.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise translate(exc, doing=f"read TrainJob {job.name}") from exc
+        phase, _, _ = phase_of(existing, now=self._clock.now(), jobset_timeout=float("inf"))
+        if phase.is_final:
+            return
+        self._cancelled.add(job.name)
+        try:
+            await self._call(
+                self._api.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                manifests.PLURAL,
+                job.name,
+                propagation_policy="Background",
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise translate(exc, doing=f"delete TrainJob {job.name}") from exc
+        log.info("job_cancelled", job=job.name)
+
+    # --- observe ------------------------------------------------------------------------
+
+    async def observe(self) -> AsyncIterator[Observation]:
+        seen: dict[str, JobPhase] = {}
+        live: dict[str, Mapping[str, Any]] = {}  # jobs not final yet, for the JobSet timeout
+        while True:
+            version, items = await self._list()
+            listed = {obj["metadata"]["name"] for obj in items}
+            changes = [await self._observe_object(obj, seen, live) for obj in items]
+            # Jobs that vanished while nobody watched (a restart, a 410) were deleted.
+            changes += [
+                self._observe_deletion(n, seen, live) for n in list(live) if n not in listed
+            ]
+            for observation in changes:
+                if observation is not None:
+                    yield observation
+            try:
+                while True:
+                    async for kind, obj in self._watch(version):
+                        version = obj.get("metadata", {}).get("resourceVersion") or version
+                        observation = await self._observe_event(kind, obj, seen, live)
+                        if observation is not None:
+                            yield observation
+                    # The watch ended on its timeout: time to look at jobs stuck waiting.
+                    for obj in list(live.values()):
+                        observation = await self._observe_object(obj, seen, live)
+                        if observation is not None:
+                            yield observation
+            except _ResourceVersionGoneError:
+                log.info("watch_expired_relisting", resource_version=version)
+
+    async def _observe_event(
+        self,
+        kind: str,
+        obj: Mapping[str, Any],
+        seen: dict[str, JobPhase],
+        live: dict[str, Mapping[str, Any]],
+    ) -> Observation | None:
+        if kind == "BOOKMARK":
+            return None
+        if kind == "DELETED":
+            return self._observe_deletion(obj["metadata"]["name"], seen, live)
+        return await self._observe_object(obj, seen, live)
+
+    async def _observe_object(
+        self, obj: Mapping[str, Any], seen: dict[str, JobPhase], live: dict[str, Mapping[str, Any]]
+    ) -> Observation | None:
+        name = obj["metadata"]["name"]
+        now = self._clock.now()
+        phase, reason, message = phase_of(
+            obj, now=now, jobset_timeout=self._settings.jobset_timeout
+        )
+        if phase.is_final:
+            live.pop(name, None)
+        else:
+            live[name] = obj
+        if next_transition(seen.get(name), phase) is None:
+            return None
+        seen[name] = phase
+        result = None
+        if phase is JobPhase.SUCCEEDED:
+            output_uri = results.output_uri_of(obj)
+            file_result = (
+                await asyncio.to_thread(results.read_result_file, output_uri)
+                if output_uri
+                else None
+            )
+            result = results.result_of(obj, file_result=file_result)
+        elif phase is JobPhase.FAILED:
+            result = results.result_of(obj)
+        progress: dict[str, Any] = {}
+        trainer_status = (obj.get("status") or {}).get("trainerStatus") or {}
+        if "progressPercentage" in trainer_status:
+            progress["percent"] = trainer_status["progressPercentage"]
+        return Observation(
+            job=self._ref(name),
+            phase=phase,
+            at=now,
+            reason=reason,
+            message=message,
+            result=result,
+            progress=progress,
+        )
+
+    def _observe_deletion(
+        self, name: str, seen: dict[str, JobPhase], live: dict[str, Mapping[str, Any]]
+    ) -> Observation | None:
+        live.pop(name, None)
+        if next_transition(seen.get(name), JobPhase.FAILED) is None:
+            return None
+        seen[name] = JobPhase.FAILED
+        cancelled = name in self._cancelled
+        self._cancelled.discard(name)
+        return Observation(
+            job=self._ref(name),
+            phase=JobPhase.FAILED,
+            at=self._clock.now(),
+            reason="Cancelled" if cancelled else "Deleted",
+            message=(
+                "cancelled by tuneloop (concurrency: replace)"
+                if cancelled
+                else "the TrainJob was deleted before it finished"
+            ),
+        )
+
+    async def context_of(self, job: JobRef) -> JobContext | None:
+        """Provenance of *job* from its annotations: `CompletionPublisher(recover_context=)`."""
+        try:
+            return results.context_of_trainjob(await self._get(job.name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise translate(exc, doing=f"read TrainJob {job.name}") from exc
+
+    # --- API calls ----------------------------------------------------------------------
+
+    async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", self._settings.request_timeout)
+        return await asyncio.to_thread(method, *args, **kwargs)
+
+    async def _get(self, name: str) -> Mapping[str, Any]:
+        obj: Mapping[str, Any] = await self._call(
+            self._api.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            manifests.PLURAL,
+            name,
+        )
+        return obj
+
+    async def _list(self) -> tuple[str, list[Mapping[str, Any]]]:
+        """Every TrainJob of ours, and the resourceVersion to watch from. Retries transient
+        failures forever (with backoff): the watcher must outlive an API server restart."""
+        delay = self._settings.backoff_initial
+        while True:
+            try:
+                listing = await self._call(
+                    self._api.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    manifests.PLURAL,
+                    label_selector=SELECTOR,
+                )
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise translate(exc, doing="list TrainJobs") from exc
+                log.warning("trainjob_list_failed", error=str(exc), delay=delay)
+                await self._sleep(delay)
+                delay = min(delay * 2, self._settings.backoff_max)
+                continue
+            return str(listing["metadata"].get("resourceVersion", "")), list(listing["items"])
+
+    async def _watch(self, version: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        """Events after *version* until the server ends the watch.
+
+        Raises:
+            _ResourceVersionGoneError: *version* is too old (410).
+        """
+        timeout = self._settings.watch_timeout
+        try:
+            response: Any = await asyncio.to_thread(
+                self._api.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                manifests.PLURAL,
+                label_selector=SELECTOR,
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout,
+                _preload_content=False,
+                _request_timeout=(self._settings.request_timeout, timeout + 10),
+            )
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _ResourceVersionGoneError from exc
+            if not is_transient(exc):
+                raise translate(exc, doing="watch TrainJobs") from exc
+            await self._sleep(self._settings.backoff_initial)
+            return
+        except Exception as exc:
+            if not is_transient(exc):
+                raise translate(exc, doing="watch TrainJobs") from exc
+            await self._sleep(self._settings.backoff_initial)
+            return
+        lines = _response_lines(response)
+        try:
+            while True:
+                try:
+                    line = await asyncio.to_thread(next, lines, None)
+                except Exception as exc:
+                    if isinstance(exc, BackendError) or not is_transient(exc):
+                        raise
+                    return  # connection dropped: the caller watches again from `version`
+                if line is None:
+                    return
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _ResourceVersionGoneError
+                    log.warning("watch_error", status=obj)
+                    await self._sleep(self._settings.backoff_initial)
+                    return
+                yield str(kind), obj
+        finally:
+            response.release_conn()

@@ -1,0 +1,141 @@
+"""What a finished TrainJob produced, and where it came from: read back for the completion event.
+
+Called by `KubernetesBackend` when it sees a job reach a final phase (`result_of`) and by the
+completion publisher for a job it has no record of (`context_of_trainjob`).
+
+How the trainer reports its result (the decision, documented in docs/kubernetes.md):
+
+1. The adapter goes to the job's output URI, which the builder fixed at launch and wrote in
+   the `tuneloop.io/output-uri` annotation. That URI is the `adapter_uri` by default.
+2. The trainer writes `result.json` next to the adapter: `{"adapter_uri": "...",
+   "metrics": {"train_loss": 1.23, ...}}`. Where the orchestrator can read the output URI
+   (a `file://` URI or a plain path on a shared volume), that file wins.
+3. Where the Trainer's `TrainJobStatus` feature is on, `status.trainerStatus.metrics`
+   (name/value strings, pushed by the trainer while it runs) fill in metrics the file does not
+   have. Tests patch that status the way the controller's status server would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from orchestrator.jobs.completion import JobContext
+from orchestrator.jobs.model import JobResult
+from runtimes.kubernetes import manifests
+
+RESULT_FILE = "result.json"
+
+
+def _number(text: str) -> float | int | str:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def status_metrics(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """`status.trainerStatus.metrics` as a dict, numbers parsed."""
+    trainer_status = (obj.get("status") or {}).get("trainerStatus") or {}
+    return {
+        str(item["name"]): _number(str(item.get("value", "")))
+        for item in trainer_status.get("metrics") or []
+        if "name" in item
+    }
+
+
+def local_path(uri: str) -> Path | None:
+    """The local path behind *uri* if the orchestrator can read it directly."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" and uri.startswith("/"):
+        return Path(uri)
+    return None
+
+
+def read_result_file(output_uri: str) -> JobResult | None:
+    """The trainer's `result.json` under *output_uri*, None if absent or unreadable here.
+
+    Blocking file I/O: the backend calls it through `asyncio.to_thread`.
+    """
+    directory = local_path(output_uri)
+    if directory is None:
+        return None
+    try:
+        content = json.loads((directory / RESULT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(content, dict):
+        return None
+    metrics = content.get("metrics")
+    adapter_uri = content.get("adapter_uri")
+    return JobResult(
+        adapter_uri=str(adapter_uri) if adapter_uri else None,
+        metrics=MappingProxyType(dict(metrics) if isinstance(metrics, dict) else {}),
+    )
+
+
+def result_of(obj: Mapping[str, Any], *, file_result: JobResult | None = None) -> JobResult:
+    """The result of the finished TrainJob *obj*: file first, then status, then annotations."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    metrics = status_metrics(obj)
+    adapter_uri = annotations.get(manifests.OUTPUT_URI)
+    if file_result is not None:
+        metrics.update(file_result.metrics)
+        adapter_uri = file_result.adapter_uri or adapter_uri
+    return JobResult(adapter_uri=adapter_uri, metrics=MappingProxyType(metrics))
+
+
+def output_uri_of(obj: Mapping[str, Any]) -> str | None:
+    """The output URI the builder fixed for this TrainJob."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(manifests.OUTPUT_URI)
+    return str(value) if value else None
+
+
+def context_of_trainjob(obj: Mapping[str, Any]) -> JobContext | None:
+    """The provenance the builder wrote on a TrainJob, None if it is not one of ours."""
+    metadata = obj.get("metadata") or {}
+    annotations: Mapping[str, str] = metadata.get("annotations") or {}
+    labels: Mapping[str, str] = metadata.get("labels") or {}
+    if labels.get(manifests.MANAGED_BY_LABEL) != manifests.MANAGED_BY:
+        return None
+    try:
+        causing = json.loads(annotations.get(manifests.CAUSING_EVENT_IDS, "[]"))
+    except ValueError:
+        causing = []
+    created = metadata.get("creationTimestamp")
+    return JobContext(
+        job=str(metadata.get("name", "")),
+        rule=annotations.get(manifests.RULE, ""),
+        rule_version=annotations.get(manifests.RULE_VERSION, ""),
+        key=annotations.get(manifests.KEY, ""),
+        decision_id=annotations.get(manifests.DECISION_ID, ""),
+        causing_event_ids=tuple(str(i) for i in causing) if isinstance(causing, list) else (),
+        runtime=annotations.get(manifests.RUNTIME, ""),
+        base_model=annotations.get(manifests.BASE_MODEL, ""),
+        dataset=annotations.get(manifests.DATASET, ""),
+        model_id=annotations.get(manifests.MODEL),
+        output_uri=annotations.get(manifests.OUTPUT_URI),
+        launched_at=parse_timestamp(created),
+    )
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp as the API server writes it, None if absent or malformed."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
