@@ -40,13 +40,13 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any
 
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent, ExtensionValue
 from orchestrator.vocabulary.rejections import Rejection
+from orchestrator.vocabulary.timestamps import format_rfc3339, parse_rfc3339
 
 Headers = tuple[tuple[str, bytes], ...]
 """Kafka headers as on the wire: ordered, names may repeat."""
@@ -61,9 +61,6 @@ _CONTEXT_ATTRIBUTES = frozenset(
 )
 _REQUIRED = ("id", "source", "specversion", "type")
 _NAME = re.compile(r"[a-z0-9]+")
-_RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})"
-)
 # RFC 3986 characters (unreserved, reserved, and '%' for percent-encoding).
 _URI_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
 _URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
@@ -369,54 +366,6 @@ def _extension_value(name: str, value: Any) -> ExtensionValue:
         Rejection.ATTRIBUTE_INVALID,
         f"extension {name!r} must be a string, a 32-bit integer or a boolean",
     )
-
-
-def parse_rfc3339(text: str, *, attribute: str = "time") -> datetime:
-    """An RFC 3339 timestamp (with its offset kept); fractions beyond microseconds are cut.
-
-    Raises:
-        InvalidEventError: `attribute.invalid_time` naming *attribute*.
-    """
-    match = _RFC3339.fullmatch(text)
-    if match is None:
-        raise InvalidEventError(
-            Rejection.TIME_INVALID, f"{attribute} {text!r} is not an RFC 3339 timestamp"
-        )
-    year, month, day, hour, minute, second, fraction, offset = match.groups()
-    try:
-        zone = UTC if offset in ("Z", "z") else _offset(offset)
-        return datetime(
-            int(year),
-            int(month),
-            int(day),
-            int(hour),
-            int(minute),
-            # RFC 3339 allows a leap second (60); Python cannot hold it, so it becomes :59.
-            min(int(second), 59),
-            int((fraction or "0")[:6].ljust(6, "0")),
-            tzinfo=zone,
-        )
-    except ValueError:
-        raise InvalidEventError(
-            Rejection.TIME_INVALID, f"{attribute} {text!r} is not a valid date and time"
-        ) from None
-
-
-def _offset(text: str) -> timezone:
-    sign = -1 if text[0] == "-" else 1
-    hours, minutes = int(text[1:3]), int(text[4:6])
-    if hours > 23 or minutes > 59:
-        raise ValueError(text)
-    delta = sign * timedelta(hours=hours, minutes=minutes)
-    return UTC if not delta else timezone(delta)
-
-
-def format_rfc3339(moment: datetime) -> str:
-    """`time` as text: `Z` for UTC, microseconds only when present; naive means UTC."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    text = moment.isoformat(timespec="microseconds" if moment.microsecond else "seconds")
-    return text.removesuffix("+00:00") + "Z" if text.endswith("+00:00") else text
 
 
 # --------------------------------------------------------------------------- encoding

@@ -1,0 +1,1 @@
+"""JSON Schemas of the event types tuneloop knows, shipped as package data."""
