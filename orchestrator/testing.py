@@ -28,6 +28,9 @@ class _Job:
     request: TrainingRequest
     ref: JobRef
     phase: JobPhase = JobPhase.PENDING
+    reason: str | None = None
+    message: str | None = None
+    result: JobResult | None = None
 
 
 class InMemoryBackend:
@@ -133,26 +136,19 @@ class InMemoryBackend:
         message: str | None = None,
         result: JobResult | None = None,
     ) -> None:
-        job.phase = phase
-        observation = self._observation(job, reason=reason, message=message, result=result)
+        job.phase, job.reason, job.message, job.result = phase, reason, message, result
+        observation = self._observation(job)
         for queue in self._subscribers:
             queue.put_nowait(observation)
 
-    def _observation(
-        self,
-        job: _Job,
-        *,
-        reason: str | None = None,
-        message: str | None = None,
-        result: JobResult | None = None,
-    ) -> Observation:
+    def _observation(self, job: _Job) -> Observation:
         return Observation(
             job=job.ref,
             phase=job.phase,
             at=self._clock.now(),
-            reason=reason,
-            message=message,
-            result=result,
+            reason=job.reason,
+            message=job.message,
+            result=job.result,
         )
 
 
