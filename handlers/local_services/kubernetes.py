@@ -248,15 +248,20 @@ def _trainer_module_dir(cache: Path) -> Path | None:
     go = shutil.which("go")
     if go is None:
         return None
-    downloaded = subprocess.run(
-        [go, "mod", "download", "-json", f"{TRAINER_MODULE}@{TRAINER_VERSION}"],
-        cwd=cache,
-        env=go_environment(cache),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        downloaded = subprocess.run(
+            [go, "mod", "download", "-json", f"{TRAINER_MODULE}@{TRAINER_VERSION}"],
+            cwd=cache,  # outside any go.mod, so nothing here is edited
+            env=go_environment(cache),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        _progress(f"{TRAINER_MODULE}@{TRAINER_VERSION}: download timed out; using the copy")
+        return None
     if downloaded.returncode != 0:
         _progress(
             f"{TRAINER_MODULE}@{TRAINER_VERSION} did not download "
