@@ -23,25 +23,19 @@ If publishing fails, `handle` raises and records nothing: hand it the same obser
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import Protocol
 
 from orchestrator.clock import Clock
 from orchestrator.events import CloudEvent
-from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest
+from orchestrator.jobs.model import JobPhase, JobRef, JobResult, Observation, TrainingRequest
 from orchestrator.jobs.tracking import Milestone, next_transition
 from orchestrator.ports import EventPublisher
-
-EVENT_TYPES: Mapping[Milestone, str] = {
-    Milestone.STARTED: "io.tuneloop.finetune.started.v1",
-    Milestone.COMPLETED: "io.tuneloop.finetune.completed.v1",
-    Milestone.FAILED: "io.tuneloop.finetune.failed.v1",
-}
-"""CloudEvent `type` of each announced milestone."""
-
-DEFAULT_SOURCE = "/tuneloop/orchestrator"
+from orchestrator.vocabulary import output
+from orchestrator.vocabulary.output import DEFAULT_SOURCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +79,36 @@ class JobContext:
             launched_at=launched_at,
         )
 
-    @property
-    def causation_id(self) -> str | None:
-        """The event that made the rule fire: the last of the causing events."""
-        return self.causing_event_ids[-1] if self.causing_event_ids else None
+    def as_request(self) -> TrainingRequest:
+        """The request this job was launched for, as far as the event vocabulary needs it."""
+        return TrainingRequest(
+            name=self.job,
+            rule=self.rule,
+            rule_version=self.rule_version,
+            key=self.key,
+            decision_id=self.decision_id,
+            causing_event_ids=self.causing_event_ids,
+            runtime=self.runtime,
+            base_model=self.base_model,
+            dataset=self.dataset,
+            output_uri=self.output_uri,
+            model_id=self.model_id,
+        )
+
+    @classmethod
+    def unknown(cls, job: str) -> JobContext:
+        """A job with no record and no recoverable provenance: only its name is known."""
+        return cls(
+            job=job,
+            rule="",
+            rule_version="",
+            key="",
+            decision_id="",
+            causing_event_ids=(),
+            runtime="",
+            base_model="",
+            dataset="",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,74 +204,38 @@ class CompletionPublisher:
     def event_for(
         self, milestone: Milestone, observation: Observation, record: CompletionRecord
     ) -> CloudEvent:
-        """The CloudEvent announcing *milestone* of the job in *record*."""
-        context = record.context
-        extensions: dict[str, str] = {}
-        if context is not None:
-            extensions["correlationid"] = context.decision_id
-            if context.causation_id is not None:
-                extensions["causationid"] = context.causation_id
-        return CloudEvent(
-            id=f"{record.job}.{milestone.value}",
-            source=self._source,
-            type=EVENT_TYPES[milestone],
-            subject=record.job,
-            time=observation.at,
-            datacontenttype="application/json",
-            data=_event_data(milestone, observation, record),
-            extensions=extensions,
-        )
-
-
-def _event_data(
-    milestone: Milestone, observation: Observation, record: CompletionRecord
-) -> dict[str, Any]:
-    context = record.context
-    data: dict[str, Any] = {
-        "job": record.job,
-        "backend": observation.job.backend,
-        "namespace": observation.job.namespace,
-        "phase": observation.phase.value,
-    }
-    if context is not None:
-        data.update(
-            rule=context.rule,
-            rule_version=context.rule_version,
-            key=context.key,
-            decision_id=context.decision_id,
-            causing_event_ids=list(context.causing_event_ids),
-            model=context.model_id if context.model_id is not None else context.key,
-            base_model=context.base_model,
-            dataset=context.dataset,
-            runtime=context.runtime,
-        )
-    if milestone is Milestone.STARTED:
-        data["started_at"] = observation.at.isoformat()
-        return data
-    result = observation.result
-    output_uri = context.output_uri if context is not None else None
-    data["adapter_uri"] = (
-        result.adapter_uri if result is not None and result.adapter_uri else output_uri
-    )
-    data["metrics"] = dict(result.metrics) if result is not None else {}
-    if milestone is Milestone.FAILED:
-        data["reason"] = observation.reason or "Unknown"
-        data["message"] = observation.message or ""
-    data["finished_at"] = observation.at.isoformat()
-    data["durations"] = _durations(observation.at, record, context)
-    return data
-
-
-def _durations(
-    finished_at: datetime, record: CompletionRecord, context: JobContext | None
-) -> dict[str, float]:
-    """Seconds from launch and from start to the end, where those moments are known."""
-    durations: dict[str, float] = {}
-    launched_at = context.launched_at if context is not None else None
-    if launched_at is not None:
-        durations["total_seconds"] = (finished_at - launched_at).total_seconds()
-    if record.started_at is not None:
-        durations["running_seconds"] = (finished_at - record.started_at).total_seconds()
-    if launched_at is not None and record.started_at is not None:
-        durations["queued_seconds"] = (record.started_at - launched_at).total_seconds()
-    return durations
+        """The CloudEvent announcing *milestone* of the job in *record*, built with the
+        event vocabulary's constructors (`orchestrator/vocabulary/output.py`)."""
+        context = record.context or JobContext.unknown(record.job)
+        request = context.as_request()
+        if milestone is Milestone.STARTED:
+            event = output.finetune_started(
+                request, job=observation.job, at=observation.at, source=self._source
+            )
+        elif milestone is Milestone.COMPLETED:
+            event = output.finetune_completed(
+                request,
+                job=observation.job,
+                at=observation.at,
+                source=self._source,
+                result=observation.result or JobResult(),
+                launched_at=context.launched_at,
+                started_at=record.started_at,
+            )
+        else:
+            event = output.finetune_failed(
+                request,
+                job=observation.job,
+                at=observation.at,
+                source=self._source,
+                reason=observation.reason or "Unknown",
+                message=observation.message or "",
+                result=observation.result,
+                launched_at=context.launched_at,
+                started_at=record.started_at,
+            )
+        if record.context is None:
+            # Nothing is known to correlate with: leave the links out rather than send "".
+            extensions = {k: v for k, v in event.extensions.items() if v != ""}
+            event = replace(event, extensions=MappingProxyType(extensions))
+        return event

@@ -10,6 +10,7 @@ from orchestrator.clock import FixedClock
 from orchestrator.jobs.completion import CompletionPublisher, JobContext
 from orchestrator.jobs.model import JobPhase, JobRef, JobResult, Observation, TrainingRequest
 from orchestrator.testing import InMemoryCompletionStore, RecordingPublisher
+from orchestrator.vocabulary.registry import SchemaRegistry
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 JOB = JobRef(name="ft-abc", backend="kubernetes", namespace="ml")
@@ -63,7 +64,11 @@ async def test_a_job_is_announced_started_then_completed(store, events):
     ]
     completed = events.events[1]
     assert completed.id == "ft-abc.completed"
-    assert completed.extensions == {"correlationid": "d-1", "causationid": "e-2"}
+    assert dict(completed.extensions) == {
+        "correlationid": "d-1",
+        "causationid": "e-2",
+        "partitionkey": "model-a",
+    }
     assert completed.data["adapter_uri"] == "file:///out/ft-abc"
     assert completed.data["metrics"] == {"loss": 0.5}
     assert completed.data["model"] == "model-a"
@@ -75,6 +80,8 @@ async def test_a_job_is_announced_started_then_completed(store, events):
         "queued_seconds": 60.0,
     }
     assert {p.topic for p in events.published} == {"out"}
+    for event in events.events:
+        SchemaRegistry.builtin().validate(event)
 
 
 async def test_failure_carries_reason_and_message(store, events):
@@ -82,6 +89,7 @@ async def test_failure_carries_reason_and_message(store, events):
     await completion.record_launch(REQUEST)
     await completion.handle(seen(JobPhase.FAILED, 3, reason="FailedJobs", message="oom"))
     (failed,) = events.events
+    SchemaRegistry.builtin().validate(failed)
     assert failed.type == "io.tuneloop.finetune.failed.v1"
     assert (failed.data["reason"], failed.data["message"]) == ("FailedJobs", "oom")
     assert failed.data["adapter_uri"] == "file:///out/ft-abc"
@@ -132,6 +140,7 @@ async def test_unknown_job_context_is_recovered_from_the_backend(store, events):
 async def test_unknown_job_without_recovery_is_still_announced(store, events):
     await publisher_on(store, events).handle(seen(JobPhase.FAILED, reason="Deleted"))
     (failed,) = events.events
+    SchemaRegistry.builtin().validate(failed)
     assert failed.subject == "ft-abc"
     assert "correlationid" not in failed.extensions
 
