@@ -981,18 +981,32 @@ def docker_answers() -> bool:
 
 
 def _require_trainer_crds(kubeconfig: Path) -> None:
+    """Fail now, with the reason, if an external cluster is unreachable or lacks the Trainer."""
+    import urllib3
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    with new_api_client(kubeconfig) as api:
+    try:
+        api = new_api_client(kubeconfig)
+    except Exception as exc:  # the kubernetes config loader raises plain exceptions
+        raise KubernetesUnavailableError(f"TUNELOOP_KUBECONFIG={kubeconfig}: {exc}") from exc
+    with api:
         extensions = client.ApiextensionsV1Api(api)
         for name in TRAINER_CRD_NAMES:
             try:
-                _discard(extensions.read_custom_resource_definition(name, _preload_content=False))
+                _discard(
+                    extensions.read_custom_resource_definition(
+                        name, _preload_content=False, _request_timeout=10
+                    )
+                )
             except ApiException as exc:
                 raise KubernetesUnavailableError(
                     f"TUNELOOP_KUBECONFIG={kubeconfig}: CRD {name} is missing ({exc.status}); "
                     "install Kubeflow Trainer v2 there first"
+                ) from exc
+            except urllib3.exceptions.HTTPError as exc:
+                raise KubernetesUnavailableError(
+                    f"TUNELOOP_KUBECONFIG={kubeconfig}: the API server does not answer: {exc}"
                 ) from exc
 
 
