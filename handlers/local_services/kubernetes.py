@@ -316,13 +316,19 @@ def prepare_kubernetes(cache: Path | None = None) -> Paths:
     )
 
 
+def binaries_built(cache: Path | None = None) -> bool:
+    """Both server binaries are in the cache (`make services` has run)."""
+    bin_dir = (cache or cache_root()) / "bin"
+    return (bin_dir / "apiextensions-apiserver").is_file() and (bin_dir / "etcd").is_file()
+
+
 def installed_paths(cache: Path | None = None) -> Paths | None:
     """The prepared paths without building anything, or None when a binary is missing."""
     cache = cache or cache_root()
+    if not binaries_built(cache):
+        return None
     apiserver = cache / "bin" / "apiextensions-apiserver"
     etcd = cache / "bin" / "etcd"
-    if not (apiserver.is_file() and etcd.is_file()):
-        return None
     crds, runtimes, source = trainer_manifests(cache)
     return Paths(
         apiserver=apiserver, etcd=etcd, crds=crds, runtimes=runtimes, manifest_source=source
