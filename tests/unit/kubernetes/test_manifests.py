@@ -1,0 +1,186 @@
+"""The TrainJob builder: golden files for the shapes we ship, hypothesis for the invariants.
+
+Regenerate the golden files after an intended change with
+`TUNELOOP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/kubernetes/test_manifests.py`
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.errors import JobRejectedError
+from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
+from runtimes.kubernetes import manifests
+from runtimes.kubernetes.catalog import RuntimeInfo
+from tests.unit.kubernetes.strategies import requests, runtimes
+
+GOLDEN = Path(__file__).parent / "golden"
+TORCH = RuntimeInfo(name="torch-distributed")
+WITH_INITIALIZERS = RuntimeInfo(
+    name="tuneloop-lora-init",
+    replicated_jobs=("dataset-initializer", "model-initializer", "node"),
+    has_dataset_initializer=True,
+    has_model_initializer=True,
+)
+BASIC = TrainingRequest(
+    name="ft-drift-model-a-3f9c2e1b",
+    rule="retrain-on-drift",
+    rule_version="7",
+    key="model-a",
+    decision_id="retrain-on-drift/model-a/3f9c2e1b",
+    causing_event_ids=("evt-1", "evt-2"),
+    runtime="torch-distributed",
+    base_model="HuggingFaceTB/SmolLM2-135M",
+    dataset="file:///data/model-a/rows.jsonl",
+    model_id="model-a",
+)
+CASES = {
+    "basic": (BASIC, TORCH, manifests.Settings()),
+    "gpu-initializers-deadline": (
+        TrainingRequest(
+            name="ft-data-model-b-77aa01",
+            rule="new-rows",
+            rule_version="2",
+            key="model b / eu",
+            decision_id="new-rows/model b/77aa01",
+            causing_event_ids=tuple(f"rows-{i}" for i in range(5)),
+            runtime="tuneloop-lora-init",
+            base_model="hf://HuggingFaceTB/SmolLM2-135M",
+            dataset="s3://datasets/model-b/",
+            lora=LoraSettings(r=8, alpha=16, dropout=0.0, target_modules=("q_proj", "v_proj")),
+            training=TrainingSettings(max_steps=200, learning_rate=1e-4, packing=True),
+            resources=Resources(nodes=2, gpus_per_node=1, cpu="4", memory="16Gi"),
+            output_uri="s3://adapters/model-b/77aa01",
+            deadline_seconds=3600,
+        ),
+        WITH_INITIALIZERS,
+        manifests.Settings(image="registry.local/trainer:1.2.3", model_secret="hf-token"),
+    ),
+    "many-causing-events": (
+        TrainingRequest(
+            name="ft-many",
+            rule="batch",
+            rule_version="1",
+            key="k",
+            decision_id="d",
+            causing_event_ids=tuple(f"event-{i:04d}" for i in range(100)),
+            runtime="torch-distributed",
+            base_model="tiny",
+            dataset="file:///d",
+        ),
+        TORCH,
+        manifests.Settings(causing_ids_budget=200),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_trainjob_matches_its_golden_file(case):
+    request, runtime, build_settings = CASES[case]
+    built = manifests.build_trainjob(
+        request, namespace="ml", runtime=runtime, settings=build_settings
+    )
+    text = json.dumps(built, indent=2, sort_keys=True) + "\n"
+    golden = GOLDEN / f"{case}.json"
+    if os.environ.get("TUNELOOP_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+def test_labels_and_annotations_reach_the_pods_through_runtime_patches():
+    built = manifests.build_trainjob(
+        BASIC, namespace="ml", runtime=WITH_INITIALIZERS, settings=manifests.Settings()
+    )
+    (patch,) = built["spec"]["runtimePatches"]
+    assert patch["manager"] == "tuneloop.io/orchestrator"
+    jobs = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert [job["name"] for job in jobs] == ["dataset-initializer", "model-initializer", "node"]
+    for job in jobs:
+        pod = job["template"]["spec"]["template"]["metadata"]
+        assert pod["labels"] == built["metadata"]["labels"]
+        assert pod["annotations"] == built["metadata"]["annotations"]
+
+
+def test_initializers_are_used_only_for_uris_they_understand():
+    built = manifests.build_trainjob(
+        BASIC, namespace="ml", runtime=WITH_INITIALIZERS, settings=manifests.Settings()
+    )
+    assert "initializer" not in built["spec"]  # a model name and a file:// dataset
+
+
+def test_initializers_are_skipped_when_the_runtime_has_none():
+    request, _, build_settings = CASES["gpu-initializers-deadline"]
+    built = manifests.build_trainjob(
+        request, namespace="ml", runtime=TORCH, settings=build_settings
+    )
+    assert "initializer" not in built["spec"]
+    assert "--dataset=s3://datasets/model-b/" in built["spec"]["trainer"]["args"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Ft-upper", "ft_underscore", "9starts-with-digit", "ends-with-dash-", "x" * 34, ""],
+    ids=["upper", "underscore", "digit", "dash", "too-long", "empty"],
+)
+def test_a_name_that_cannot_be_a_trainjob_is_rejected(name):
+    request = TrainingRequest(**{**_fields(BASIC), "name": name})
+    with pytest.raises(JobRejectedError) as error:
+        manifests.build_trainjob(
+            request, namespace="ml", runtime=TORCH, settings=manifests.Settings()
+        )
+    assert error.value.reason == "InvalidName"
+
+
+def _fields(request):
+    return {f: getattr(request, f) for f in request.__dataclass_fields__}
+
+
+def test_causing_ids_keep_the_newest_and_count_the_rest():
+    text, omitted = manifests.causing_ids_annotation(("a" * 10, "b" * 10, "c" * 10), 30)
+    assert json.loads(text) == ["b" * 10, "c" * 10]
+    assert omitted == 1
+
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+@given(st.text(max_size=200))
+def test_label_values_are_always_valid_and_stable(text):
+    value = manifests.label_value(text)
+    assert len(value) <= 63
+    assert _LABEL_VALUE.match(value)
+    assert manifests.label_value(text) == value
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests, runtimes)
+def test_every_trainjob_keeps_the_trainer_api_rules(request, runtime):
+    built = manifests.build_trainjob(
+        request, namespace="ns", runtime=runtime, settings=manifests.Settings()
+    )
+    again = manifests.build_trainjob(
+        request, namespace="ns", runtime=runtime, settings=manifests.Settings()
+    )
+    assert built == again  # deterministic
+    assert built["metadata"]["name"] == request.name
+    trainer = built["spec"]["trainer"]
+    assert not [e for e in trainer["env"] if e["name"].startswith("PET_")]
+    assert len(trainer["args"]) <= 128
+    assert all(arg.startswith("--") for arg in trainer["args"])  # argv items, no shell
+    for value in built["metadata"]["labels"].values():
+        assert len(value) <= 63
+        assert _LABEL_VALUE.match(value)
+    annotations = built["metadata"]["annotations"]
+    assert sum(len(k) + len(v.encode()) for k, v in annotations.items()) < 256 * 1024
+    kept = json.loads(annotations[manifests.CAUSING_EVENT_IDS])
+    omitted = int(annotations.get(manifests.CAUSING_EVENT_IDS_OMITTED, "0"))
+    assert len(kept) + omitted == len(request.causing_event_ids)
+    assert tuple(kept) == request.causing_event_ids[len(request.causing_event_ids) - len(kept) :]
