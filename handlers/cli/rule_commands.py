@@ -1,9 +1,372 @@
-"""CLI commands: not written yet."""
+"""`tuneloop check | simulate | explain | test`: the rule-file commands.
+
+Thin: they read files, call `orchestrator.rules` (loading, simulation) and print. `simulate`
+drives the same engine functions as the service, so what it shows is what the service does.
+
+Exit codes: 0 success; 1 invalid rules, failing rule tests or unreadable input; 2 wrong
+command-line usage (typer's own).
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+import yaml
+
+from orchestrator.errors import ConfigError
+from orchestrator.events import CloudEvent
+from orchestrator.ledger import DecisionRecord, Outcome, format_time, job_to_json
+from orchestrator.rules import loading
+from orchestrator.rules.durations import DurationError, format_duration, parse_duration
+from orchestrator.rules.model import RuleSet
+from orchestrator.rules.parsing import RuleFileError
+from orchestrator.rules.simulation import simulate
+from orchestrator.rules.state import event_from_json
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to *app*."""
+    app.command("check")(check)
+    app.command("simulate")(simulate_command)
+    app.command("explain")(explain)
+    app.command("test")(test_command)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(1)
+
+
+def _load(paths: Sequence[Path]) -> RuleSet:
+    try:
+        return loading.load_rules(paths)
+    except RuleFileError as exc:
+        for problem in exc.problems:
+            typer.echo(str(problem))
+        raise typer.Exit(1) from exc
+    except ConfigError as exc:  # pragma: no cover - load_rules raises RuleFileError only
+        raise _fail(str(exc)) from exc
+
+
+def check(
+    paths: Annotated[list[Path], typer.Argument(help="Rule files or directories of them.")],
+) -> None:
+    """Validate rule files: a one-line summary, or one `FILE:LINE:COL: message` per problem."""
+    rules = _load(paths)
+    typer.echo(
+        f"ok: {len(rules.rules)} rule(s) in {len(rules.files)} file(s), version {rules.version}"
+        f" ({', '.join(f'{r.name}@{r.version}' for r in rules.rules)})"
+    )
+
+
+def _read_events(path: Path) -> Iterator[CloudEvent]:
+    """The valid events of a JSON Lines file; invalid lines go to stderr and are skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"{path}: cannot read: {exc}") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield event_from_json(json.loads(line))
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            typer.echo(f"{path}:{number}: skipped invalid event: {exc}", err=True)
+
+
+def _duration_option(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _run(rules: RuleSet, events: Path, assume_duration: str) -> tuple[DecisionRecord, ...]:
+    duration = _duration_option(assume_duration)
+    return simulate(rules, list(_read_events(events)), assume_duration=duration)
+
+
+def simulate_command(
+    rules: Annotated[list[Path], typer.Option("--rules", help="Rule file or directory.")],
+    events: Annotated[Path, typer.Option("--events", help="JSON Lines of CloudEvents.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON record per line.")] = False,
+    assume_duration: Annotated[
+        str, typer.Option("--assume-duration", help="How long each launched job runs.")
+    ] = "1h",
+) -> None:
+    """Replay events through the real engine, the clock following event time."""
+    rule_set = _load(rules)
+    records = _run(rule_set, events, assume_duration)
+    if as_json:
+        for record in records:
+            typer.echo(json.dumps(record.to_json(), sort_keys=True))
+        return
+    _print_table(records)
+    launches = sum(1 for r in records if r.outcome is Outcome.LAUNCH)
+    typer.echo(f"\n{len(records)} decision(s), {launches} launch(es)")
+
+
+def _detail(record: DecisionRecord) -> str:
+    if record.job is not None:
+        return f"{record.job.name} runtime={record.job.runtime} dataset={record.job.dataset}"
+    return record.message
+
+
+def _print_table(records: Sequence[DecisionRecord]) -> None:
+    rows = [("TIME", "RULE", "KEY", "OUTCOME", "REASON", "EVENTS", "DETAIL")]
+    for record in records:
+        rows.append(
+            (
+                format_time(record.time),
+                record.rule,
+                record.key or "-",
+                record.outcome.value,
+                record.reason.value if record.reason else "-",
+                ",".join(record.event_ids),
+                _detail(record),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    for row in rows:
+        typer.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+            + "  "
+            + row[6]
+        )
+
+
+def _read_records(path: Path) -> list[DecisionRecord]:
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"{path}: cannot read: {exc}") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(DecisionRecord.from_json(json.loads(line)))
+        except ValueError as exc:
+            typer.echo(f"{path}:{number}: skipped: not a decision record: {exc}", err=True)
+    return records
+
+
+def _records_from_kafka(bootstrap: str, topic: str) -> list[DecisionRecord]:
+    """Read the whole audit topic (structured-mode JSON values) with kafka-python."""
+    from kafka import KafkaConsumer  # imported here: only this option needs a broker client
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+    )
+    records = []
+    try:
+        for message in consumer:
+            try:
+                value = json.loads(message.value)
+                data = value.get("data", value) if isinstance(value, dict) else value
+                records.append(DecisionRecord.from_json(data))
+            except (ValueError, AttributeError) as exc:
+                typer.echo(f"{topic}@{message.offset}: skipped: {exc}", err=True)
+    finally:
+        consumer.close()
+    return records
+
+
+def explain(
+    rule: Annotated[str, typer.Option("--rule", help="Rule name.")],
+    key: Annotated[str | None, typer.Option("--key", help="The key (e.g. model id).")] = None,
+    event: Annotated[
+        str | None, typer.Option("--event", help="Only decisions involving this event id.")
+    ] = None,
+    records_path: Annotated[
+        Path | None, typer.Option("--records", help="JSON Lines of decision records.")
+    ] = None,
+    rules: Annotated[
+        list[Path] | None, typer.Option("--rules", help="Rules to simulate (with --events).")
+    ] = None,
+    events: Annotated[Path | None, typer.Option("--events", help="Events to simulate.")] = None,
+    assume_duration: Annotated[str, typer.Option("--assume-duration")] = "1h",
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Kafka to read the audit topic from.")
+    ] = None,
+    topic: Annotated[str, typer.Option("--topic")] = "tuneloop.decisions",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The story of one rule and key: which events counted, what fired, or why not."""
+    if records_path is not None:
+        records = _read_records(records_path)
+    elif rules and events is not None:
+        records = list(_run(_load(rules), events, assume_duration))
+    elif bootstrap is not None:
+        records = _records_from_kafka(bootstrap, topic)
+    else:
+        raise typer.BadParameter("give --records FILE, --rules R --events E, or --bootstrap")
+    story = [
+        r
+        for r in records
+        if r.rule == rule
+        and (key is None or r.key == key)
+        and (event is None or event in r.event_ids)
+    ]
+    if as_json:
+        for record in story:
+            typer.echo(json.dumps(record.to_json(), sort_keys=True))
+        return
+    subject = (
+        f"rule {rule!r}"
+        + (f", key {key!r}" if key else "")
+        + (f", event {event!r}" if event else "")
+    )
+    if not story:
+        known = sorted({r.rule for r in records})
+        typer.echo(f"no decisions for {subject}. Rules with decisions: {', '.join(known) or '-'}")
+        if event is not None:
+            typer.echo(
+                "The event was never evaluated by this rule: check its type, its "
+                "source against the rule's `source`, and its `where`."
+            )
+        raise typer.Exit(1)
+    typer.echo(f"Decisions for {subject}:")
+    for record in story:
+        reason = f" ({record.reason.value})" if record.reason else ""
+        typer.echo(
+            f"  {format_time(record.time)}  {record.outcome.value}{reason}"
+            f"  [{', '.join(record.event_ids)}]  {record.message}"
+        )
+    launches = [r for r in story if r.outcome is Outcome.LAUNCH]
+    last = story[-1]
+    typer.echo("")
+    typer.echo(
+        f"Launched {len(launches)} time(s)"
+        + (f"; last job {launches[-1].job_name}" if launches else "")
+    )
+    if last.outcome is not Outcome.LAUNCH:
+        typer.echo(
+            f"Last decision: {last.outcome.value}"
+            + (f" ({last.reason.value})" if last.reason else "")
+            + f": {last.message}"
+        )
+
+
+# --- rule tests as data -------------------------------------------------------------------
+
+
+def _test_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted([*path.glob("*.yaml"), *path.glob("*.yml")])
+    return [path]
+
+
+def _expectation_matches(expected: Mapping[str, Any], record: DecisionRecord) -> str | None:
+    """None when *record* meets *expected*, else what differs."""
+    actual = record.to_json()
+    for name, want in expected.items():
+        if name == "event":
+            if want not in record.event_ids:
+                return f"event {want!r} not in {list(record.event_ids)}"
+        elif name == "message_contains":
+            if str(want) not in record.message:
+                return f"message {record.message!r} lacks {want!r}"
+        elif name == "job":
+            job = job_to_json(record.job) if record.job else None
+            if job is None:
+                return "no job in the record"
+            for field, value in want.items():
+                got = job.get(field)
+                if isinstance(value, dict) and isinstance(got, dict):
+                    diff = {k: v for k, v in value.items() if got.get(k) != v}
+                    if diff:
+                        return f"job.{field}: expected {diff}, got {got}"
+                elif got != value:
+                    return f"job.{field}: expected {value!r}, got {got!r}"
+        elif name in actual:
+            if actual[name] != want and not (isinstance(want, list) and actual[name] == list(want)):
+                return f"{name}: expected {want!r}, got {actual[name]!r}"
+        else:
+            return f"unknown expectation field {name!r}"
+    return None
+
+
+def _run_case(rules: RuleSet, case: Mapping[str, Any]) -> list[str]:
+    events = []
+    for raw in case.get("events") or []:
+        event = dict(raw)
+        event.setdefault("specversion", "1.0")
+        if "time" in event and not isinstance(event["time"], str):
+            event["time"] = str(event["time"])
+        events.append(event_from_json(event))
+    duration = parse_duration(case.get("assume_duration", "1h"))
+    records = simulate(rules, events, assume_duration=duration)
+    expected = list(case.get("expect") or [])
+    wanted_rules = {e.get("rule") for e in expected if e.get("rule")}
+    if wanted_rules:
+        records = tuple(r for r in records if r.rule in wanted_rules)
+    failures = []
+    for index, want in enumerate(expected):
+        if index >= len(records):
+            failures.append(f"decision {index + 1}: expected {dict(want)}, got nothing")
+            continue
+        problem = _expectation_matches(want, records[index])
+        if problem:
+            failures.append(f"decision {index + 1} ({records[index].outcome.value}): {problem}")
+    for record in records[len(expected) :]:
+        failures.append(
+            f"unexpected decision: {record.outcome.value} "
+            f"{record.reason.value if record.reason else ''} {list(record.event_ids)}"
+        )
+    return failures
+
+
+def test_command(
+    rules: Annotated[list[Path], typer.Argument(help="Rule file or directory.")],
+    tests: Annotated[Path, typer.Argument(help="A rule-test YAML file or a directory of them.")],
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run rule tests written as data (events + expected decisions); report each case."""
+    rule_set = _load(rules)
+    passed = failed = 0
+    for path in _test_files(tests):
+        try:
+            document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            typer.echo(f"ERROR {path}: cannot read rule tests: {exc}")
+            failed += 1
+            continue
+        cases = document.get("cases") if isinstance(document, dict) else None
+        if not isinstance(cases, list):
+            typer.echo(f"ERROR {path}: expected a mapping with a `cases:` list")
+            failed += 1
+            continue
+        for number, case in enumerate(cases, start=1):
+            name = (
+                case.get("name", f"case {number}") if isinstance(case, dict) else f"case {number}"
+            )
+            try:
+                failures = _run_case(rule_set, case)
+            except (ValueError, TypeError, AttributeError) as exc:
+                failures = [f"bad test case: {exc}"]
+            if failures:
+                failed += 1
+                typer.echo(f"FAIL {path}: {name}")
+                for failure in failures:
+                    typer.echo(f"     {failure}")
+            else:
+                passed += 1
+                if verbose or True:
+                    typer.echo(f"PASS {path}: {name}")
+    typer.echo(f"{passed} passed, {failed} failed")
+    if failed or not passed:
+        raise typer.Exit(1)
+
+
+_ = (sys, format_duration)  # kept for callers that import them from here

@@ -1,0 +1,263 @@
+"""The decision ledger: one record per evaluation, saying what a rule decided and why.
+
+The rule engine (`orchestrator/rules/engine.py`) produces `DecisionRecord`s; the wiring
+publishes them to the audit topic as `io.tuneloop.decision.v1` CloudEvents (`to_cloudevent`)
+and turns launch and cancel records into backend calls; `tuneloop simulate --json` writes them
+as JSON Lines (`to_json`) and `tuneloop explain` reads them back (`from_json`,
+`from_cloudevent`). Everything here is deterministic: a replay gives the same records, ids
+included.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from orchestrator.errors import InvalidEventError
+from orchestrator.events import CloudEvent
+from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
+
+DECISION_EVENT_TYPE = "io.tuneloop.decision.v1"
+DECISION_SOURCE = "/tuneloop/rules"
+
+
+class Outcome(enum.Enum):
+    """What an evaluation decided."""
+
+    ACCUMULATE = "accumulate"
+    """The event counted (or was joined), the rule's condition does not hold yet."""
+    LAUNCH = "launch"
+    """Start the job in `job`."""
+    SUPPRESS = "suppress"
+    """The condition held but nothing launches; `reason` says why."""
+    DEFER = "defer"
+    """The condition held; the launch is kept and retried later (budget, queue)."""
+    LATE = "late"
+    """The event arrived after its allowed lateness and was not counted."""
+    CANCEL = "cancel"
+    """Cancel the running job `job_name` (concurrency `replace`); a launch record follows."""
+    ERROR = "error"
+    """An expression or template failed on this event; `message` says how. Nothing counted."""
+
+
+class Reason(enum.Enum):
+    """Why a record has its outcome (null for a plain accumulate or launch)."""
+
+    COOLDOWN = "cooldown"
+    CONCURRENCY = "concurrency"
+    DUPLICATE = "duplicate"
+    SHADOW = "shadow"
+    DEBOUNCE_PENDING = "debounce-pending"
+    BUDGET = "budget"
+    QUEUED = "queued"
+    JOIN_MISSING = "join-missing"
+    JOINED = "joined"
+    REPLACED = "replaced"
+    DEBOUNCE_SETTLED = "debounce-settled"
+    RETRIED = "retried"
+    EXPRESSION_ERROR = "expression-error"
+    TEMPLATE_ERROR = "template-error"
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One decision of one rule for one key."""
+
+    decision_id: str
+    outcome: Outcome
+    reason: Reason | None
+    rule: str
+    rule_version: str
+    key: str
+    time: datetime
+    """Event time of the decision: the deciding event's time, or a timer's due time."""
+    event_ids: tuple[str, ...]
+    message: str = ""
+    job: TrainingRequest | None = None
+    """The resolved job, for `launch` (and for `suppress` with reason `shadow`)."""
+    job_name: str | None = None
+    """The job concerned: launched, cancelled or blocking."""
+    window_count: int | None = None
+    window_sum: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict: what `simulate --json` prints and the audit event carries."""
+        return {
+            "decision_id": self.decision_id,
+            "outcome": self.outcome.value,
+            "reason": self.reason.value if self.reason else None,
+            "rule": self.rule,
+            "rule_version": self.rule_version,
+            "key": self.key,
+            "time": format_time(self.time),
+            "event_ids": list(self.event_ids),
+            "message": self.message,
+            "job": job_to_json(self.job) if self.job else None,
+            "job_name": self.job_name,
+            "window": {"count": self.window_count, "sum": self.window_sum},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DecisionRecord:
+        """The inverse of `to_json`.
+
+        Raises:
+            ValueError: a field is missing or has the wrong type.
+        """
+        try:
+            window = data.get("window") or {}
+            return cls(
+                decision_id=str(data["decision_id"]),
+                outcome=Outcome(data["outcome"]),
+                reason=Reason(data["reason"]) if data.get("reason") else None,
+                rule=str(data["rule"]),
+                rule_version=str(data["rule_version"]),
+                key=str(data["key"]),
+                time=parse_time(data["time"]),
+                event_ids=tuple(str(i) for i in data["event_ids"]),
+                message=str(data.get("message") or ""),
+                job=job_from_json(data["job"]) if data.get("job") else None,
+                job_name=data.get("job_name"),
+                window_count=window.get("count"),
+                window_sum=window.get("sum"),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a decision record: {exc!r}") from exc
+
+
+def decision_id(
+    *,
+    rule_version: str,
+    key: str,
+    outcome: Outcome,
+    reason: Reason | None,
+    event_ids: tuple[str, ...],
+    time: datetime,
+) -> str:
+    """Deterministic id of a decision: the same inputs always give the same id."""
+    text = json.dumps(
+        [
+            rule_version,
+            key,
+            outcome.value,
+            reason.value if reason else None,
+            list(event_ids),
+            format_time(time),
+        ],
+        separators=(",", ":"),
+    )
+    return "d-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def format_time(value: datetime) -> str:
+    """RFC 3339 in UTC with a `Z`, the way CloudEvents writes `time`."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(text: Any) -> datetime:
+    """Parse an RFC 3339 timestamp; naive times are refused (they are ambiguous)."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected an RFC 3339 time string, got {text!r}")
+    value = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    if value.tzinfo is None:
+        raise ValueError(f"time {text!r} has no timezone: add Z or an offset")
+    return value.astimezone(UTC)
+
+
+def job_to_json(job: TrainingRequest) -> dict[str, Any]:
+    return {
+        "name": job.name,
+        "rule": job.rule,
+        "rule_version": job.rule_version,
+        "key": job.key,
+        "decision_id": job.decision_id,
+        "causing_event_ids": list(job.causing_event_ids),
+        "runtime": job.runtime,
+        "base_model": job.base_model,
+        "dataset": job.dataset,
+        "lora": {
+            "r": job.lora.r,
+            "alpha": job.lora.alpha,
+            "dropout": job.lora.dropout,
+            "target_modules": list(job.lora.target_modules)
+            if job.lora.target_modules is not None
+            else None,
+        },
+        "training": {
+            "epochs": job.training.epochs,
+            "learning_rate": job.training.learning_rate,
+            "max_steps": job.training.max_steps,
+            "batch_size": job.training.batch_size,
+            "gradient_accumulation_steps": job.training.gradient_accumulation_steps,
+            "max_seq_length": job.training.max_seq_length,
+            "seed": job.training.seed,
+            "eval_fraction": job.training.eval_fraction,
+            "packing": job.training.packing,
+        },
+        "resources": {
+            "nodes": job.resources.nodes,
+            "gpus_per_node": job.resources.gpus_per_node,
+            "cpu": job.resources.cpu,
+            "memory": job.resources.memory,
+        },
+        "output_uri": job.output_uri,
+        "deadline_seconds": job.deadline_seconds,
+        "model_id": job.model_id,
+    }
+
+
+def job_from_json(data: Mapping[str, Any]) -> TrainingRequest:
+    lora = dict(data.get("lora") or {})
+    if lora.get("target_modules") is not None:
+        lora["target_modules"] = tuple(lora["target_modules"])
+    return TrainingRequest(
+        name=data["name"],
+        rule=data["rule"],
+        rule_version=data["rule_version"],
+        key=data["key"],
+        decision_id=data["decision_id"],
+        causing_event_ids=tuple(data["causing_event_ids"]),
+        runtime=data["runtime"],
+        base_model=data["base_model"],
+        dataset=data["dataset"],
+        lora=LoraSettings(**lora),
+        training=TrainingSettings(**(data.get("training") or {})),
+        resources=Resources(**(data.get("resources") or {})),
+        output_uri=data.get("output_uri"),
+        deadline_seconds=data.get("deadline_seconds"),
+        model_id=data.get("model_id"),
+    )
+
+
+def to_cloudevent(record: DecisionRecord, *, source: str = DECISION_SOURCE) -> CloudEvent:
+    """The audit event for *record*: id = decision id (so republishing dedupes), subject =
+    `rule/key`, `partitionkey` = key (one key's story stays in order on one partition)."""
+    return CloudEvent(
+        id=record.decision_id,
+        source=source,
+        type=DECISION_EVENT_TYPE,
+        subject=f"{record.rule}/{record.key}",
+        time=record.time,
+        datacontenttype="application/json",
+        data=record.to_json(),
+        extensions={"partitionkey": record.key},
+    )
+
+
+def from_cloudevent(event: CloudEvent) -> DecisionRecord:
+    """The record an audit event carries.
+
+    Raises:
+        InvalidEventError: `not-a-decision` when the type or data is not a decision record.
+    """
+    if event.type != DECISION_EVENT_TYPE or not isinstance(event.data, Mapping):
+        raise InvalidEventError("not-a-decision", f"event {event.id!r} is not a decision record")
+    try:
+        return DecisionRecord.from_json(event.data)
+    except ValueError as exc:
+        raise InvalidEventError("not-a-decision", str(exc)) from exc

@@ -1,0 +1,854 @@
+"""The trigger-rule engine: `(rules, state, event | observation | tick, now) → (state', records)`.
+
+Pure: no I/O, no clock reads, no randomness. The wiring in `handlers/` calls it for the
+service and `tuneloop simulate` calls exactly the same functions, so the two cannot disagree.
+
+How the wiring drives it, per event:
+  1. `route(rules, event)` gives every (rule, key) the event is relevant to; repartition the
+     event by key so that one worker owns all state of a key. Also publish
+     `routing_errors(rules, event, now=...)` (events a rule looked at but could not key).
+  2. For each DISTINCT key: `evaluate(rules, state_of_key, event, key=key, now=now)`; store
+     the new state, publish every record to the audit topic, call the backend for `launch`
+     (`record.job`) and `cancel` (`record.job_name`) records.
+  3. Call `tick(...)` for a key when `next_wakeup(state)` is due, and `observe(...)` when a
+     job the engine launched finishes.
+
+Time: windows, joins, cooldown and debounce use event time. An event whose time is more than
+`allowed_lateness` behind what the key has already processed is `late`; events within it are
+held and counted in event-time order, which is what makes arrival order not matter.
+
+Global `limits.max_concurrent_jobs` spans keys, so it is not in `KeyState`: the wiring keeps
+the number of running jobs and asks `may_launch(rules, running=n)` before each launch, holding
+(and retrying) the launch while it says no. The engine's per rule+key limits do not depend on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from orchestrator.events import CloudEvent
+from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
+from orchestrator.jobs.naming import job_name
+from orchestrator.ledger import DecisionRecord, Outcome, Reason, decision_id, format_time
+from orchestrator.rules.durations import format_duration
+from orchestrator.rules.expressions import Activation, EvaluationError, event_variables
+from orchestrator.rules.model import Concurrency, Mode, Rule, RuleSet, Trigger
+from orchestrator.rules.state import (
+    Buffered,
+    Entry,
+    Joined,
+    KeyState,
+    Pending,
+    RuleState,
+    event_from_json,
+    event_to_json,
+    identity,
+)
+from orchestrator.rules.templating import TemplateError, check_value
+
+__all__ = [
+    "JobFinished",
+    "KeyState",
+    "Route",
+    "RuleSet",
+    "evaluate",
+    "may_launch",
+    "next_wakeup",
+    "observe",
+    "route",
+    "routing_errors",
+    "tick",
+]
+
+DAY = timedelta(days=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One (rule, key) an event is relevant to."""
+
+    rule: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    """A job the engine launched reached a final phase (from the runtimes' observations)."""
+
+    rule: str
+    key: str
+    job_name: str
+    succeeded: bool
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _Match:
+    trigger: Trigger
+    key: str | None
+    error: str | None = None
+
+
+# One-entry memo: `route` and then `evaluate` on the same event object compute the selector
+# and key expressions once. Keyed by object identity of both the rule set and the event; the
+# result is a pure function of them, so the memo is invisible from outside.
+_memo: list[Any] = [None, None, ()]
+
+
+def _matches(rules: RuleSet, event: CloudEvent, time: datetime | None = None) -> tuple[_Match, ...]:
+    if _memo[0] is rules and _memo[1] is event:
+        cached: tuple[_Match, ...] = _memo[2]
+        return cached
+    triggers = rules.by_type.get(event.type)
+    if not triggers:
+        return ()
+    at = event.time or time or datetime(1970, 1, 1, tzinfo=UTC)
+    variables = event_variables(event, time=at, data_fields=rules.data_fields.get(event.type))
+    activation = Activation({"event": variables})
+    found: list[_Match] = []
+    for trigger in triggers:
+        rule = trigger.rule
+        if trigger.join is not None:
+            if not trigger.join.accepts_source(event.source):
+                continue
+        else:
+            if not rule.on.accepts_source(event.source):
+                continue
+            if rule.on.where is not None:
+                try:
+                    accepted = rule.on.where.evaluate(activation)
+                except EvaluationError as exc:
+                    found.append(_Match(trigger, None, f"where: {exc}"))
+                    continue
+                if accepted is not True:
+                    if not isinstance(accepted, bool):
+                        found.append(_Match(trigger, None, f"where gave {accepted!r}, not a bool"))
+                    continue
+        try:
+            key = trigger.key.evaluate(activation)
+        except EvaluationError as exc:
+            found.append(_Match(trigger, None, f"key: {exc}"))
+            continue
+        if not isinstance(key, str) or not key:
+            found.append(_Match(trigger, None, f"key gave {key!r}, not a non-empty string"))
+            continue
+        found.append(_Match(trigger, key))
+    result = tuple(found)
+    _memo[:] = [rules, event, result]
+    return result
+
+
+def route(rules: RuleSet, event: CloudEvent) -> tuple[Route, ...]:
+    """Every (rule, key) whose `on` selector or one of whose joins accepts *event*."""
+    seen: dict[Route, None] = {}
+    for match in _matches(rules, event):
+        if match.key is not None:
+            seen[Route(match.trigger.rule.name, match.key)] = None
+    return tuple(seen)
+
+
+def routing_errors(
+    rules: RuleSet, event: CloudEvent, *, now: datetime
+) -> tuple[DecisionRecord, ...]:
+    """`error` records for rules that looked at *event* but could not evaluate its `where` or
+    key (a missing field, a wrong type): the answer to "why did this event do nothing?"."""
+    at = event.time or now
+    records = []
+    for match in _matches(rules, event, now):
+        if match.error is not None:
+            rule = match.trigger.rule
+            records.append(
+                _record(
+                    rule, "", Outcome.ERROR, Reason.EXPRESSION_ERROR, at, (event.id,), match.error
+                )
+            )
+    return tuple(records)
+
+
+def may_launch(rules: RuleSet, *, running: int) -> bool:
+    """Whether the global `limits.max_concurrent_jobs` allows one more job now."""
+    limit = rules.limits.max_concurrent_jobs
+    return limit is None or running < limit
+
+
+# --- the three inputs ---------------------------------------------------------------------
+
+
+def evaluate(
+    rules: RuleSet,
+    state: KeyState | None,
+    event: CloudEvent,
+    *,
+    key: str,
+    now: datetime,
+    arrived_at: datetime | None = None,
+) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
+    """Decide about *event* for every rule routed to *key*; also run timers due by *now*."""
+    state = state or KeyState()
+    time = event.event_time(arrived_at or now)
+    rule_names = _rules_for(rules, event, key, time)
+    if not rule_names:
+        return _advance(rules, state, key, now)
+    ident = identity(event)
+    # Duplicates first: a redelivered event has its original (old) time and would otherwise
+    # read as late, which hides what happened.
+    if any(b.identity == ident for b in state.buffer) or any(
+        _already_counted(state.rule(name), ident) for name in rule_names
+    ):
+        records = tuple(
+            _record(
+                rules.rule(name),
+                key,
+                Outcome.SUPPRESS,
+                Reason.DUPLICATE,
+                time,
+                (event.id,),
+                "event already received (same source and id)",
+            )
+            for name in rule_names
+        )
+        return state, records
+    if state.horizon is not None and time < state.horizon:
+        lag = format_duration(state.horizon - time)
+        message = (
+            f"event time is {lag} behind what this key already processed "
+            f"(allowed lateness {format_duration(rules.allowed_lateness)})"
+        )
+        records = tuple(
+            _record(rules.rule(name), key, Outcome.LATE, None, time, (event.id,), message)
+            for name in rule_names
+        )
+        return state, records
+    held = Buffered(event_to_json(event), ident, time, time + rules.allowed_lateness)
+    buffer = tuple(sorted((*state.buffer, held), key=lambda b: (b.time, b.identity)))
+    state = replace(state, buffer=buffer)
+    return _advance(rules, state, key, now, fresh=(held, event))
+
+
+def tick(
+    rules: RuleSet, state: KeyState | None, *, key: str, now: datetime
+) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
+    """Release held events, fire due debounces, retry deferred launches, drop expired state."""
+    return _advance(rules, state or KeyState(), key, now)
+
+
+def observe(
+    rules: RuleSet, state: KeyState | None, observation: JobFinished, *, key: str, now: datetime
+) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
+    """A job finished: release `forbid`, start a `queue`d launch."""
+    state = state or KeyState()
+    current = state.rules.get(observation.rule)
+    if current is None or current.running != observation.job_name:
+        return _advance(rules, state, key, now)
+    rule_state = current.with_changes(running=None)
+    records: list[DecisionRecord] = []
+    try:
+        rule = rules.rule(observation.rule)
+    except KeyError:
+        rule = None
+    if rule is not None and rule_state.pending is not None:
+        if rule_state.pending.reason is Reason.QUEUED:
+            at = max(observation.at, rule_state.pending.since)
+            rule_state, more = _attempt(rules, rule, rule_state, key, at, rule_state.pending.event)
+            records += more
+    state = _with_rule(state, observation.rule, rule_state)
+    state, more_records = _advance(rules, state, key, now)
+    return state, (*records, *more_records)
+
+
+def next_wakeup(state: KeyState) -> datetime | None:
+    """When `tick` next has work for this key (None: nothing until the next event)."""
+    return min(state.wakeups) if state.wakeups else None
+
+
+# --- inside -------------------------------------------------------------------------------
+
+
+def _rules_for(rules: RuleSet, event: CloudEvent, key: str, time: datetime) -> tuple[str, ...]:
+    names = {m.trigger.rule.name: None for m in _matches(rules, event, time) if m.key == key}
+    return tuple(names)
+
+
+def _with_rule(state: KeyState, name: str, rule_state: RuleState) -> KeyState:
+    rules = dict(state.rules)
+    rules[name] = rule_state
+    return replace(state, rules=rules)
+
+
+def _advance(
+    rules: RuleSet,
+    state: KeyState,
+    key: str,
+    now: datetime,
+    fresh: tuple[Buffered, CloudEvent] | None = None,
+) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
+    """Process held events due by *now* in event-time order, with timers in between."""
+    cutoff = now - rules.allowed_lateness
+    records: list[DecisionRecord] = []
+    released = [b for b in state.buffer if b.time <= cutoff]
+    if released:
+        state = replace(state, buffer=tuple(b for b in state.buffer if b.time > cutoff))
+    for held in released:
+        state = _fire_timers(rules, state, key, held.time, records, strictly_before=True)
+        event = fresh[1] if fresh is not None and fresh[0] is held else event_from_json(held.event)
+        state = _process(rules, state, key, event, held.time, records)
+        horizon = held.time if state.horizon is None else max(state.horizon, held.time)
+        state = replace(state, horizon=horizon)
+    state = _fire_timers(rules, state, key, cutoff, records, strictly_before=False)
+    state = _prune(rules, state, cutoff)
+    return state, tuple(records)
+
+
+def _process(
+    rules: RuleSet,
+    state: KeyState,
+    key: str,
+    event: CloudEvent,
+    time: datetime,
+    records: list[DecisionRecord],
+) -> KeyState:
+    ident = identity(event)
+    activation: Activation | None = None
+    for match in _matches(rules, event, time):
+        if match.key != key:
+            continue
+        rule = match.trigger.rule
+        rule_state = _expire(rule, state.rule(rule.name), time)
+        if _already_counted(rule_state, ident):
+            records.append(
+                _record(
+                    rule,
+                    key,
+                    Outcome.SUPPRESS,
+                    Reason.DUPLICATE,
+                    time,
+                    (event.id,),
+                    "event already counted (same source and id)",
+                )
+            )
+            continue
+        join = match.trigger.join
+        if join is not None:
+            joined = dict(rule_state.joined)
+            joined[join.type] = Joined(event_to_json(event), ident, time)
+            rule_state = rule_state.with_changes(joined=joined)
+        else:
+            amount = 0.0
+            if rule.sum is not None:
+                if activation is None:
+                    variables = event_variables(event, time=time, data_fields=None)
+                    activation = Activation({"event": variables})
+                try:
+                    value = rule.sum.of.evaluate(activation)
+                except EvaluationError as exc:
+                    records.append(
+                        _record(
+                            rule,
+                            key,
+                            Outcome.ERROR,
+                            Reason.EXPRESSION_ERROR,
+                            time,
+                            (event.id,),
+                            f"sum.of: {exc}",
+                        )
+                    )
+                    continue
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    records.append(
+                        _record(
+                            rule,
+                            key,
+                            Outcome.ERROR,
+                            Reason.EXPRESSION_ERROR,
+                            time,
+                            (event.id,),
+                            f"sum.of gave {value!r}, not a number",
+                        )
+                    )
+                    continue
+                amount = float(value)
+            entries = (*rule_state.entries, Entry(event.id, ident, time, amount))
+            rule_state = rule_state.with_changes(entries=entries)
+        rule_state, more = _consider(rules, rule, rule_state, key, time, event, join is not None)
+        records += more
+        state = _with_rule(state, rule.name, rule_state)
+    return state
+
+
+def _already_counted(rule_state: RuleState, ident: str) -> bool:
+    return (
+        ident in rule_state.seen
+        or any(e.identity == ident for e in rule_state.entries)
+        or any(j.identity == ident for j in rule_state.joined.values())
+    )
+
+
+def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
+    start = time - rule.window
+    entries = tuple(e for e in rule_state.entries if e.time > start)
+    joined = {
+        name: j
+        for name, j in rule_state.joined.items()
+        if any(join.type == name and j.time > time - join.within for join in rule.joins)
+    }
+    launches = tuple(t for t in rule_state.launches if t > time - DAY)
+    if (len(entries), len(joined), len(launches)) == (
+        len(rule_state.entries),
+        len(rule_state.joined),
+        len(rule_state.launches),
+    ):
+        return rule_state
+    return rule_state.with_changes(entries=entries, joined=joined, launches=launches)
+
+
+def _progress(rule: Rule, rule_state: RuleState) -> tuple[bool, str]:
+    count = len(rule_state.entries)
+    total = sum(e.amount for e in rule_state.entries)
+    window = format_duration(rule.window)
+    parts = [f"{count} of {rule.count} events in the {window} window"]
+    holds = count >= rule.count
+    if rule.sum is not None:
+        if rule.count == 1:
+            parts = []
+        parts.append(f"sum {total:g} of {rule.sum.at_least:g} in the {window} window")
+        holds = holds and total >= rule.sum.at_least
+    return holds, ", ".join(parts)
+
+
+def _consider(
+    rules: RuleSet,
+    rule: Rule,
+    rule_state: RuleState,
+    key: str,
+    time: datetime,
+    event: CloudEvent,
+    via_join: bool,
+) -> tuple[RuleState, list[DecisionRecord]]:
+    """The rule's condition after *event* was added: accumulate, debounce, or try to launch."""
+    holds, progress = _progress(rule, rule_state)
+    ids = (event.id,)
+    if not holds:
+        reason = Reason.JOINED if via_join else None
+        prefix = f"joined {event.type}; " if via_join else ""
+        return rule_state, [
+            _record(
+                rule,
+                key,
+                Outcome.ACCUMULATE,
+                reason,
+                time,
+                ids,
+                prefix + progress,
+                rule_state=rule_state,
+            )
+        ]
+    missing = [
+        join
+        for join in rule.joins
+        if join.type not in rule_state.joined
+        or rule_state.joined[join.type].time <= time - join.within
+    ]
+    if missing:
+        wanted = ", ".join(f"{j.type} within {format_duration(j.within)}" for j in missing)
+        return rule_state, [
+            _record(
+                rule,
+                key,
+                Outcome.ACCUMULATE,
+                Reason.JOIN_MISSING,
+                time,
+                ids,
+                f"{progress}; waiting for {wanted}",
+                rule_state=rule_state,
+            )
+        ]
+    pending = rule_state.pending
+    window_ids = _window_ids(rule_state)
+    if pending is not None and pending.reason in (Reason.QUEUED, Reason.BUDGET):
+        # Coalesce into the launch that already waits.
+        updated = replace(
+            pending, event=event_to_json(event), event_ids=_merge(pending.event_ids, window_ids)
+        )
+        rule_state = rule_state.with_changes(pending=updated)
+        return rule_state, [
+            _record(
+                rule,
+                key,
+                Outcome.DEFER,
+                pending.reason,
+                time,
+                ids,
+                f"coalesced into the waiting launch; {progress}",
+                rule_state=rule_state,
+            )
+        ]
+    if rule.debounce is not None:
+        since = pending.since if pending is not None else time
+        due = min(since + rule.debounce.max_wait, time + rule.debounce.quiet)
+        updated = Pending(
+            Reason.DEBOUNCE_PENDING,
+            since,
+            due,
+            event_to_json(event),
+            _merge(pending.event_ids if pending else (), window_ids),
+        )
+        rule_state = rule_state.with_changes(pending=updated)
+        message = f"{progress}; launches at {format_time(due)} unless more events come"
+        return rule_state, [
+            _record(
+                rule,
+                key,
+                Outcome.SUPPRESS,
+                Reason.DEBOUNCE_PENDING,
+                time,
+                ids,
+                message,
+                rule_state=rule_state,
+            )
+        ]
+    return _attempt(rules, rule, rule_state, key, time, event_to_json(event), deciding=ids)
+
+
+def _window_ids(rule_state: RuleState) -> tuple[str, ...]:
+    joined = sorted(rule_state.joined.values(), key=lambda j: (j.time, j.identity))
+    return tuple(e.event_id for e in rule_state.entries) + tuple(str(j.event["id"]) for j in joined)
+
+
+def _merge(first: Iterable[str], second: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*first, *second)))
+
+
+def _attempt(
+    rules: RuleSet,
+    rule: Rule,
+    rule_state: RuleState,
+    key: str,
+    at: datetime,
+    event: Mapping[str, Any],
+    deciding: tuple[str, ...] | None = None,
+) -> tuple[RuleState, list[DecisionRecord]]:
+    """Launch now unless cooldown, concurrency or budget says otherwise."""
+    pending = rule_state.pending
+    ids = _merge(pending.event_ids if pending else (), _window_ids(rule_state))
+    record_ids = deciding or ids
+    if rule_state.last_launch is not None and at < rule_state.last_launch + rule.cooldown:
+        until = rule_state.last_launch + rule.cooldown
+        rule_state = rule_state.with_changes(pending=None)
+        return rule_state, [
+            _record(
+                rule,
+                key,
+                Outcome.SUPPRESS,
+                Reason.COOLDOWN,
+                at,
+                record_ids,
+                f"in cooldown until {format_time(until)}; window kept",
+                rule_state=rule_state,
+            )
+        ]
+    records: list[DecisionRecord] = []
+    if rule_state.running is not None and rule.mode is Mode.LIVE:
+        if rule.concurrency is Concurrency.FORBID:
+            rule_state = rule_state.with_changes(pending=None)
+            return rule_state, [
+                _record(
+                    rule,
+                    key,
+                    Outcome.SUPPRESS,
+                    Reason.CONCURRENCY,
+                    at,
+                    record_ids,
+                    f"job {rule_state.running} still runs; window kept",
+                    job_name=rule_state.running,
+                    rule_state=rule_state,
+                )
+            ]
+        if rule.concurrency is Concurrency.QUEUE:
+            queued = Pending(Reason.QUEUED, pending.since if pending else at, None, event, ids)
+            rule_state = rule_state.with_changes(pending=queued)
+            return rule_state, [
+                _record(
+                    rule,
+                    key,
+                    Outcome.DEFER,
+                    Reason.QUEUED,
+                    at,
+                    record_ids,
+                    f"queued until job {rule_state.running} finishes",
+                    job_name=rule_state.running,
+                    rule_state=rule_state,
+                )
+            ]
+        records.append(
+            _record(
+                rule,
+                key,
+                Outcome.CANCEL,
+                Reason.REPLACED,
+                at,
+                record_ids,
+                f"replacing job {rule_state.running}",
+                job_name=rule_state.running,
+            )
+        )
+    launches = tuple(t for t in rule_state.launches if t > at - DAY)
+    if rule.max_launches_per_day is not None and len(launches) >= rule.max_launches_per_day:
+        due = min(launches) + DAY
+        waiting = Pending(Reason.BUDGET, pending.since if pending else at, due, event, ids)
+        rule_state = rule_state.with_changes(pending=waiting, launches=launches)
+        return rule_state, [
+            *records,
+            _record(
+                rule,
+                key,
+                Outcome.DEFER,
+                Reason.BUDGET,
+                at,
+                record_ids,
+                f"{len(launches)} launches in the "
+                f"last day (max {rule.max_launches_per_day}); "
+                f"retry at {format_time(due)}",
+                rule_state=rule_state,
+            ),
+        ]
+    name = job_name(rule=rule.name, key=key, window_event_ids=ids)
+    outcome, reason = (
+        (Outcome.LAUNCH, None) if rule.mode is Mode.LIVE else (Outcome.SUPPRESS, Reason.SHADOW)
+    )
+    record_id = decision_id(
+        rule_version=rule.version, key=key, outcome=outcome, reason=reason, event_ids=ids, time=at
+    )
+    try:
+        request = _render(rules, rule, rule_state, key, event, ids, name, record_id)
+    except TemplateError as exc:
+        rule_state = rule_state.with_changes(pending=None)
+        return rule_state, [
+            *records,
+            _record(
+                rule,
+                key,
+                Outcome.ERROR,
+                Reason.TEMPLATE_ERROR,
+                at,
+                record_ids,
+                f"launch template: {exc}; window kept",
+                rule_state=rule_state,
+            ),
+        ]
+    holds, progress = _progress(rule, rule_state)
+    seen = dict(rule_state.seen)
+    for entry in rule_state.entries:
+        seen[entry.identity] = entry.time
+    for joined in rule_state.joined.values():
+        seen[joined.identity] = joined.time
+    message = (
+        f"launched job {name}: {progress}"
+        if rule.mode is Mode.LIVE
+        else (f"shadow mode: would launch {name}: {progress}")
+    )
+    record = DecisionRecord(
+        decision_id=record_id,
+        outcome=outcome,
+        reason=reason,
+        rule=rule.name,
+        rule_version=rule.version,
+        key=key,
+        time=at,
+        event_ids=ids,
+        message=message,
+        job=request,
+        job_name=name,
+        window_count=len(rule_state.entries),
+        window_sum=_window_sum(rule, rule_state),
+    )
+    rule_state = RuleState(
+        seen=seen,
+        last_launch=at,
+        launches=(*launches, at),
+        running=name if rule.mode is Mode.LIVE else rule_state.running,
+    )
+    return rule_state, [*records, record]
+
+
+def _window_sum(rule: Rule, rule_state: RuleState) -> float | None:
+    return sum(e.amount for e in rule_state.entries) if rule.sum is not None else None
+
+
+def _render(
+    rules: RuleSet,
+    rule: Rule,
+    rule_state: RuleState,
+    key: str,
+    event: Mapping[str, Any],
+    ids: tuple[str, ...],
+    name: str,
+    record_id: str,
+) -> TrainingRequest:
+    completing = event_from_json(event)
+    entries = rule_state.entries
+    window = {
+        "count": len(entries),
+        "sum": sum(e.amount for e in entries),
+        "first_time": entries[0].time if entries else completing.event_time(_EPOCH),
+        "last_time": entries[-1].time if entries else completing.event_time(_EPOCH),
+        "event_ids": list(ids),
+    }
+    joined = {}
+    for type_name, item in rule_state.joined.items():
+        source = event_from_json(item.event)
+        joined[type_name] = event_variables(source, time=item.time, data_fields=None)
+    activation = Activation(
+        {
+            "event": event_variables(
+                completing, time=completing.event_time(_EPOCH), data_fields=None
+            ),
+            "key": key,
+            "window": window,
+            "joined": joined,
+        }
+    )
+    launch = rule.launch
+
+    def text(field: str, template: Any) -> Any:
+        return check_value("", field, template.render(activation))
+
+    runtime = text("runtime", launch.runtime)
+    if not launch.runtime.is_literal and runtime not in rules.runtimes:
+        allowed = ", ".join(sorted(rules.runtimes))
+        raise TemplateError(f"runtime {runtime!r} is not in the allowlist ({allowed})")
+    sections = {
+        section: {
+            field: check_value(section, field, template.render(activation))
+            for field, template in getattr(launch, section).items()
+        }
+        for section in ("lora", "training", "resources")
+    }
+    return TrainingRequest(
+        name=name,
+        rule=rule.name,
+        rule_version=rule.version,
+        key=key,
+        decision_id=record_id,
+        causing_event_ids=ids,
+        runtime=runtime,
+        base_model=text("base_model", launch.base_model),
+        dataset=text("dataset", launch.dataset),
+        lora=LoraSettings(**sections["lora"]),
+        training=TrainingSettings(**sections["training"]),
+        resources=Resources(**sections["resources"]),
+        output_uri=text("output_uri", launch.output_uri) if launch.output_uri else None,
+        deadline_seconds=int(launch.deadline.total_seconds()) if launch.deadline else None,
+        model_id=key,
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _fire_timers(
+    rules: RuleSet,
+    state: KeyState,
+    key: str,
+    until: datetime,
+    records: list[DecisionRecord],
+    *,
+    strictly_before: bool,
+) -> KeyState:
+    """Fire debounce and budget timers due by *until*, earliest first."""
+    while True:
+        due_rules = []
+        for name, rule_state in state.rules.items():
+            pending = rule_state.pending
+            if pending is None or pending.due is None:
+                continue
+            if pending.due < until or (not strictly_before and pending.due <= until):
+                due_rules.append((pending.due, name))
+        if not due_rules:
+            return state
+        due, name = min(due_rules)
+        rule_state = state.rules[name]
+        assert rule_state.pending is not None
+        try:
+            rule = rules.rule(name)
+        except KeyError:
+            state = _with_rule(state, name, rule_state.with_changes(pending=None))
+            continue
+        rule_state = _expire(rule, rule_state, due)
+        rule_state, more = _attempt(rules, rule, rule_state, key, due, rule_state.pending.event)  # type: ignore[union-attr]
+        records += more
+        state = _with_rule(state, name, rule_state)
+
+
+def _prune(rules: RuleSet, state: KeyState, cutoff: datetime) -> KeyState:
+    """Drop what can never matter again, and compute when `tick` next has work."""
+    kept: dict[str, RuleState] = {}
+    wakeups: list[datetime] = [b.release_at for b in state.buffer[:1]]
+    lateness = rules.allowed_lateness
+    known = {rule.name: rule for rule in rules.rules}
+    for name, rule_state in state.rules.items():
+        rule = known.get(name)
+        if rule is None:
+            if rule_state.running is not None:
+                kept[name] = rule_state
+            continue
+        current = _expire(rule, rule_state, cutoff)
+        if current.seen:
+            # Keep consumed ids as long as an event of that time could still count.
+            oldest = cutoff - rule.horizon - lateness
+            seen = {i: t for i, t in current.seen.items() if t > oldest}
+            if len(seen) != len(current.seen):
+                current = current.with_changes(seen=seen)
+        if current.last_launch is not None and current.last_launch + rule.cooldown < cutoff:
+            if not current.launches and current.running is None:
+                current = current.with_changes(last_launch=None)
+        if not current.is_idle:
+            kept[name] = current
+        if current.pending is not None and current.pending.due is not None:
+            wakeups.append(current.pending.due + lateness)
+        expiries = [e.time + rule.window for e in current.entries[:1]]
+        expiries += [
+            j.time + join.within
+            for join in rule.joins
+            for j in [current.joined.get(join.type)]
+            if j is not None
+        ]
+        wakeups += [t + lateness for t in expiries]
+    return replace(state, rules=kept, wakeups=tuple(sorted(set(wakeups)))[:1])
+
+
+def _record(
+    rule: Rule,
+    key: str,
+    outcome: Outcome,
+    reason: Reason | None,
+    time: datetime,
+    event_ids: tuple[str, ...],
+    message: str,
+    *,
+    job_name: str | None = None,
+    rule_state: RuleState | None = None,
+) -> DecisionRecord:
+    return DecisionRecord(
+        decision_id=decision_id(
+            rule_version=rule.version,
+            key=key,
+            outcome=outcome,
+            reason=reason,
+            event_ids=event_ids,
+            time=time,
+        ),
+        outcome=outcome,
+        reason=reason,
+        rule=rule.name,
+        rule_version=rule.version,
+        key=key,
+        time=time,
+        event_ids=event_ids,
+        message=message,
+        job_name=job_name,
+        window_count=len(rule_state.entries) if rule_state is not None else None,
+        window_sum=_window_sum(rule, rule_state) if rule_state is not None else None,
+    )

@@ -1,0 +1,289 @@
+"""The rule engine's memory for one key, as JSON-safe frozen values.
+
+`engine.py` is the only writer; the wiring stores `KeyState.to_json()` in a faust Table
+(changelog-backed, partitioned by key) and hands `KeyState.from_json()` back on the next event,
+so state survives restarts and rebalances. Everything in here is bounded: window entries and
+joins expire with their window, dedup ids once they fall behind the event-time horizon, launch
+times after a day.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+from orchestrator.events import CloudEvent
+from orchestrator.ledger import Reason, format_time, parse_time
+
+STATE_FORMAT = 1
+
+
+def event_to_json(event: CloudEvent) -> dict[str, Any]:
+    """A structured-mode CloudEvents JSON object for *event* (bytes data as `data_base64`)."""
+    out: dict[str, Any] = {
+        "specversion": event.specversion,
+        "id": event.id,
+        "source": event.source,
+        "type": event.type,
+    }
+    for name in ("subject", "datacontenttype", "dataschema"):
+        value = getattr(event, name)
+        if value is not None:
+            out[name] = value
+    if event.time is not None:
+        out["time"] = format_time(event.time)
+    if isinstance(event.data, bytes | bytearray):
+        out["data_base64"] = base64.b64encode(bytes(event.data)).decode()
+    elif event.data is not None:
+        out["data"] = event.data
+    out.update(event.extensions)
+    return out
+
+
+_CORE = frozenset(
+    {
+        "specversion",
+        "id",
+        "source",
+        "type",
+        "subject",
+        "time",
+        "datacontenttype",
+        "dataschema",
+        "data",
+        "data_base64",
+    }
+)
+
+
+def event_from_json(data: Any) -> CloudEvent:
+    """A `CloudEvent` from a structured-mode JSON object.
+
+    Raises:
+        ValueError: with a message naming the attribute that is missing or wrong.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError("a CloudEvent must be a JSON object")
+    if data.get("specversion") != "1.0":
+        raise ValueError(f"specversion must be '1.0', got {data.get('specversion')!r}")
+    for name in ("id", "source", "type"):
+        if not isinstance(data.get(name), str) or not data[name]:
+            raise ValueError(f"required attribute {name!r} is missing or empty")
+    for name in ("subject", "datacontenttype", "dataschema"):
+        if name in data and not isinstance(data[name], str):
+            raise ValueError(f"attribute {name!r} must be a string")
+    time = parse_time(data["time"]) if data.get("time") is not None else None
+    payload: Any = data.get("data")
+    if "data_base64" in data:
+        payload = base64.b64decode(data["data_base64"])
+    extensions = {}
+    for name, value in data.items():
+        if name in _CORE:
+            continue
+        if not name.isalnum() or name.lower() != name or len(name) > 20:
+            raise ValueError(f"bad extension attribute name {name!r}")
+        if not isinstance(value, str | int | bool):
+            raise ValueError(f"extension {name!r} must be a string, integer or boolean")
+        extensions[name] = value
+    return CloudEvent(
+        id=data["id"],
+        source=data["source"],
+        type=data["type"],
+        subject=data.get("subject"),
+        time=time,
+        datacontenttype=data.get("datacontenttype"),
+        dataschema=data.get("dataschema"),
+        data=payload,
+        extensions=MappingProxyType(extensions),
+    )
+
+
+def identity(event: CloudEvent) -> str:
+    """The dedup key of an event: CloudEvents says (source, id) is unique."""
+    return f"{event.source}\n{event.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One event counted in a rule's window."""
+
+    event_id: str
+    identity: str
+    time: datetime
+    amount: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """The latest event of one join type for the key."""
+
+    event: Mapping[str, Any]
+    """The event as structured JSON: templates may read any field of it."""
+    identity: str
+    time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A launch whose condition held but which waits: debounce, queue or budget."""
+
+    reason: Reason
+    since: datetime
+    due: datetime | None
+    """When a timer retries it (None: waits for a job to finish)."""
+    event: Mapping[str, Any]
+    """The event that (last) completed the condition, for templating."""
+    event_ids: tuple[str, ...] = ()
+    """Every event id that took part while it waited (the window may expire meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuleState:
+    """Everything one rule remembers about one key."""
+
+    entries: tuple[Entry, ...] = ()
+    joined: Mapping[str, Joined] = field(default_factory=dict)
+    seen: Mapping[str, datetime] = field(default_factory=dict)
+    """Identities already consumed by a launch, by event time (for `duplicate`)."""
+    last_launch: datetime | None = None
+    launches: tuple[datetime, ...] = ()
+    running: str | None = None
+    pending: Pending | None = None
+
+    @property
+    def is_idle(self) -> bool:
+        return not (
+            self.entries
+            or self.joined
+            or self.seen
+            or self.running
+            or self.pending
+            or self.launches
+            or self.last_launch
+        )
+
+    def with_changes(self, **changes: Any) -> RuleState:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Buffered:
+    """An event held until its allowed lateness has passed, so events are counted in
+    event-time order whatever order they arrived in."""
+
+    event: Mapping[str, Any]
+    identity: str
+    time: datetime
+    release_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """All rules' state for one key."""
+
+    horizon: datetime | None = None
+    """Latest event time processed; an event older than this is `late`."""
+    buffer: tuple[Buffered, ...] = ()
+    rules: Mapping[str, RuleState] = field(default_factory=dict)
+    wakeups: tuple[datetime, ...] = ()
+    """Processing times at which `tick` has work (computed by the engine)."""
+
+    def rule(self, name: str) -> RuleState:
+        return self.rules.get(name) or RuleState()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "horizon": _time(self.horizon),
+            "buffer": [
+                {
+                    "event": dict(b.event),
+                    "identity": b.identity,
+                    "time": _time(b.time),
+                    "release_at": _time(b.release_at),
+                }
+                for b in self.buffer
+            ],
+            "rules": {name: _rule_to_json(state) for name, state in sorted(self.rules.items())},
+            "wakeups": [_time(t) for t in self.wakeups],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KeyState:
+        """Raises ValueError for a state written by an incompatible version."""
+        if data.get("format") != STATE_FORMAT:
+            raise ValueError(f"unknown key state format {data.get('format')!r}")
+        return cls(
+            horizon=_parse(data.get("horizon")),
+            buffer=tuple(
+                Buffered(
+                    b["event"], b["identity"], parse_time(b["time"]), parse_time(b["release_at"])
+                )
+                for b in data.get("buffer", ())
+            ),
+            rules={name: _rule_from_json(value) for name, value in data.get("rules", {}).items()},
+            wakeups=tuple(parse_time(t) for t in data.get("wakeups", ())),
+        )
+
+
+def _time(value: datetime | None) -> str | None:
+    return format_time(value) if value is not None else None
+
+
+def _parse(value: Any) -> datetime | None:
+    return parse_time(value) if value is not None else None
+
+
+def _rule_to_json(state: RuleState) -> dict[str, Any]:
+    pending = state.pending
+    return {
+        "entries": [[e.event_id, e.identity, _time(e.time), e.amount] for e in state.entries],
+        "joined": {
+            name: {"event": dict(j.event), "identity": j.identity, "time": _time(j.time)}
+            for name, j in sorted(state.joined.items())
+        },
+        "seen": {name: _time(at) for name, at in sorted(state.seen.items())},
+        "last_launch": _time(state.last_launch),
+        "launches": [_time(t) for t in state.launches],
+        "running": state.running,
+        "pending": None
+        if pending is None
+        else {
+            "reason": pending.reason.value,
+            "since": _time(pending.since),
+            "due": _time(pending.due),
+            "event": dict(pending.event),
+            "event_ids": list(pending.event_ids),
+        },
+    }
+
+
+def _rule_from_json(data: Mapping[str, Any]) -> RuleState:
+    pending = data.get("pending")
+    return RuleState(
+        entries=tuple(
+            Entry(event_id, ident, parse_time(at), float(amount))
+            for event_id, ident, at, amount in data.get("entries", ())
+        ),
+        joined={
+            name: Joined(j["event"], j["identity"], parse_time(j["time"]))
+            for name, j in data.get("joined", {}).items()
+        },
+        seen={name: parse_time(at) for name, at in data.get("seen", {}).items()},
+        last_launch=_parse(data.get("last_launch")),
+        launches=tuple(parse_time(t) for t in data.get("launches", ())),
+        running=data.get("running"),
+        pending=None
+        if not pending
+        else Pending(
+            reason=Reason(pending["reason"]),
+            since=parse_time(pending["since"]),
+            due=_parse(pending.get("due")),
+            event=pending["event"],
+            event_ids=tuple(pending.get("event_ids", ())),
+        ),
+    )
