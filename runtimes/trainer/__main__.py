@@ -1,0 +1,84 @@
+"""`python -m runtimes.trainer` / `tuneloop-train`: the LoRA program a TrainJob container or the
+local-process backend runs.
+
+    tuneloop-train --config train.yaml [--<setting> VALUE ...]
+    TUNELOOP_TRAIN_<SETTING>=VALUE tuneloop-train ...
+
+Settings and their precedence are documented in docs/trainer.md (`runtimes/trainer/config.py`
+holds them). Exit codes: 0 success (`result.json` written), 1 unexpected failure, 2 bad
+input (never retry as is), 3 out of memory (retry with smaller settings). On failure the
+error is printed as one JSON line on stdout and written to `<output_dir>/failure.json`.
+Under torchrun (Kubeflow sets `PET_*`) every rank runs this; only rank 0 reports and writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.errors import ConfigError
+from runtimes.trainer import config as trainer_config
+from runtimes.trainer.errors import InvalidTrainerConfigError, TrainerError
+
+
+def _usage() -> str:
+    names = ", ".join(f"--{name.replace('_', '-')}" for name in trainer_config._PARSERS)
+    return (
+        "usage: tuneloop-train [--config FILE] [--<setting> VALUE ...]\n"
+        f"settings: {names}\n"
+        f"each setting can also come from {trainer_config.ENV_PREFIX}<SETTING>; "
+        "see docs/trainer.md\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] in (["-h"], ["--help"]):
+        sys.stdout.write(_usage())
+        return 0
+    is_main = os.environ.get("RANK", "0") == "0"
+    output_dir: str | None = None
+    try:
+        config = trainer_config.load(arguments, os.environ)
+        output_dir = config.output_dir
+        from runtimes.trainer import progress, training
+
+        reporter = progress.make_reporter(
+            config.progress, interval=config.progress_interval, is_main=is_main
+        )
+        training.run(config, reporter)
+    except ConfigError as exc:
+        return _fail(InvalidTrainerConfigError(str(exc)), output_dir, is_main)
+    except TrainerError as exc:
+        return _fail(exc, output_dir, is_main)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        return _fail(TrainerError(f"{type(exc).__name__}: {exc}"), output_dir, is_main)
+    return 0
+
+
+def _fail(error: TrainerError, output_dir: str | None, is_main: bool) -> int:
+    if not is_main:
+        return error.exit_code
+    payload = error.to_mapping()
+    sys.stdout.write(json.dumps({"event": "failed", **payload}) + "\n")
+    sys.stdout.flush()
+    sys.stderr.write(f"tuneloop-train: {error.message}\n")
+    if output_dir:
+        try:
+            target = Path(output_dir)
+            target.mkdir(parents=True, exist_ok=True)
+            (target / "failure.json").write_text(json.dumps(payload, indent=2) + "\n")
+        except OSError:
+            pass  # the JSON line and the exit code still carry the error
+    return error.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

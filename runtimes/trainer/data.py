@@ -1,0 +1,285 @@
+"""Datasets for the trainer: JSON Lines records -> segments -> token ids with masked labels.
+
+Called by `runtimes/trainer/training.py`. Reading and validating (`read_examples`) needs no
+torch, so a malformed file fails in milliseconds, before the model is loaded. Three record
+shapes (the TRL conventions):
+
+* `{"prompt": ..., "completion": ...}`: loss on the completion (and the end-of-sequence) only;
+* `{"text": ...}`: loss on every token;
+* `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the tokenizer's chat
+  template; loss on the assistant turns only.
+
+Masked positions get label -100, which the causal-LM loss ignores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from runtimes.trainer.config import DatasetFormat
+from runtimes.trainer.errors import DatasetNotFoundError, MalformedDatasetError
+
+IGNORE_INDEX = -100
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of an example's text and whether the loss is computed on it."""
+
+    text: str
+    trained: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One validated record, before tokenization."""
+
+    line: int
+    format: DatasetFormat
+    segments: tuple[Segment, ...] = ()
+    messages: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedExample:
+    input_ids: tuple[int, ...]
+    labels: tuple[int, ...]
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(1 for label in self.labels if label != IGNORE_INDEX)
+
+
+def local_path(location: str) -> Path:
+    """A dataset location as a local path (`file://` URIs accepted)."""
+    return Path(location.removeprefix("file://"))
+
+
+def fingerprint(paths: Iterable[Path]) -> str:
+    """sha256 over the bytes of the data files, in order: what exactly was trained on."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as stream:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def read_examples(path: Path, declared: DatasetFormat = DatasetFormat.AUTO) -> list[Example]:
+    """Read and validate every record of a JSON Lines file.
+
+    Raises:
+        DatasetNotFoundError: the file does not exist.
+        MalformedDatasetError: a line is not JSON, not an object, has the wrong keys or
+            types, or does not match the format of the file; the error names the line.
+    """
+    if not path.is_file():
+        raise DatasetNotFoundError(str(path))
+    fmt = declared
+    examples: list[Example] = []
+    with path.open(encoding="utf-8") as stream:
+        for number, line in enumerate(stream, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise MalformedDatasetError(
+                    str(path), number, f"not valid JSON: {exc.msg}"
+                ) from exc
+            if not isinstance(record, dict):
+                raise MalformedDatasetError(str(path), number, "a record must be a JSON object")
+            if fmt is DatasetFormat.AUTO:
+                fmt = _detect(record, str(path), number)
+            examples.append(_example(record, fmt, str(path), number))
+    if not examples:
+        raise MalformedDatasetError(str(path), 1, "the dataset has no records")
+    return examples
+
+
+def _detect(record: dict[str, Any], path: str, line: int) -> DatasetFormat:
+    if "messages" in record:
+        return DatasetFormat.MESSAGES
+    if "prompt" in record or "completion" in record:
+        return DatasetFormat.PROMPT_COMPLETION
+    if "text" in record:
+        return DatasetFormat.TEXT
+    raise MalformedDatasetError(
+        path,
+        line,
+        f"unknown record shape {sorted(record)}; expected prompt/completion, text or messages",
+    )
+
+
+def _string_field(record: dict[str, Any], key: str, path: str, line: int) -> str:
+    if key not in record:
+        raise MalformedDatasetError(path, line, f"missing {key!r} (records of this file need it)")
+    value = record[key]
+    if not isinstance(value, str):
+        raise MalformedDatasetError(
+            path, line, f"{key!r} must be a string, got {type(value).__name__}"
+        )
+    return value
+
+
+def _example(record: dict[str, Any], fmt: DatasetFormat, path: str, line: int) -> Example:
+    if fmt is DatasetFormat.PROMPT_COMPLETION:
+        prompt = _string_field(record, "prompt", path, line)
+        completion = _string_field(record, "completion", path, line)
+        if not completion:
+            raise MalformedDatasetError(path, line, "'completion' is empty: nothing to learn")
+        return Example(line, fmt, (Segment(prompt, False), Segment(completion, True)))
+    if fmt is DatasetFormat.TEXT:
+        text = _string_field(record, "text", path, line)
+        if not text:
+            raise MalformedDatasetError(path, line, "'text' is empty")
+        return Example(line, fmt, (Segment(text, True),))
+    raw = record.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise MalformedDatasetError(path, line, "'messages' must be a non-empty list")
+    messages = []
+    for index, message in enumerate(raw):
+        if not isinstance(message, dict):
+            raise MalformedDatasetError(path, line, f"messages[{index}] must be an object")
+        role, content = message.get("role"), message.get("content")
+        if role not in _ROLES:
+            raise MalformedDatasetError(
+                path, line, f"messages[{index}].role must be one of {', '.join(_ROLES)}"
+            )
+        if not isinstance(content, str):
+            raise MalformedDatasetError(path, line, f"messages[{index}].content must be a string")
+        messages.append((str(role), content))
+    if not any(role == "assistant" for role, _ in messages):
+        raise MalformedDatasetError(path, line, "no assistant message: nothing to learn")
+    return Example(line, fmt, messages=tuple(messages))
+
+
+def split(
+    examples: Sequence[Example], *, fraction: float, seed: int
+) -> tuple[list[Example], list[Example]]:
+    """(train, eval): a seeded, reproducible hold-out of *fraction* of the examples."""
+    if fraction <= 0 or len(examples) < 2:
+        return list(examples), []
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)  # noqa: S311 -- a reproducible split, not a secret
+    held = max(1, round(len(examples) * fraction))
+    held_out = set(order[:held])
+    train = [ex for i, ex in enumerate(examples) if i not in held_out]
+    evaluation = [ex for i, ex in enumerate(examples) if i in held_out]
+    return train, evaluation
+
+
+class Tokenizer(Protocol):
+    """The part of a transformers tokenizer this module uses."""
+
+    bos_token_id: int | None
+    eos_token_id: int | None
+    chat_template: str | None
+
+    def __call__(self, text: str, *, add_special_tokens: bool) -> Any: ...
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+
+def chat_segments(example: Example, tokenizer: Tokenizer) -> tuple[Segment, ...]:
+    """Render a conversation with the tokenizer's chat template, split so that only the
+    assistant's replies (not their role headers) are trained on.
+
+    Each turn's text is what rendering the first i+1 messages adds to rendering the first i;
+    for an assistant turn, the generation prompt is the untrained header.
+    """
+    messages = [{"role": role, "content": content} for role, content in example.messages]
+    if not tokenizer.chat_template:
+        return tuple(
+            Segment(f"{role}: {content}\n", role == "assistant")
+            for role, content in example.messages
+        )
+    segments: list[Segment] = []
+    rendered = ""
+    for index, message in enumerate(messages):
+        upto = str(tokenizer.apply_chat_template(messages[: index + 1], tokenize=False))
+        if not upto.startswith(rendered):
+            # The template rewrites earlier turns (rare): train on the whole turn.
+            segments.append(Segment(upto, message["role"] == "assistant"))
+            rendered = upto
+            continue
+        if message["role"] == "assistant":
+            header = str(
+                tokenizer.apply_chat_template(
+                    messages[:index], tokenize=False, add_generation_prompt=True
+                )
+            )
+            if index and header.startswith(rendered) and upto.startswith(header):
+                segments.append(Segment(header[len(rendered) :], False))
+                segments.append(Segment(upto[len(header) :], True))
+            else:
+                segments.append(Segment(upto[len(rendered) :], True))
+        else:
+            segments.append(Segment(upto[len(rendered) :], False))
+        rendered = upto
+    return tuple(segment for segment in segments if segment.text)
+
+
+def tokenize(
+    examples: Sequence[Example], tokenizer: Tokenizer, *, max_seq_length: int
+) -> list[TokenizedExample]:
+    """Token ids and labels; prompt/header tokens masked, truncated to *max_seq_length*.
+
+    Examples left with no trained token after truncation are dropped (they would only add
+    zero-loss padding).
+    """
+    adds_bos = _adds_bos(tokenizer)
+    out: list[TokenizedExample] = []
+    for example in examples:
+        ids: list[int] = []
+        labels: list[int] = []
+        if example.format is DatasetFormat.MESSAGES:
+            segments = chat_segments(example, tokenizer)
+        else:
+            segments = example.segments
+            if adds_bos and tokenizer.bos_token_id is not None:
+                ids.append(tokenizer.bos_token_id)
+                labels.append(IGNORE_INDEX)
+        for segment in segments:
+            piece = list(tokenizer(segment.text, add_special_tokens=False)["input_ids"])
+            ids += piece
+            labels += piece if segment.trained else [IGNORE_INDEX] * len(piece)
+        if example.format is not DatasetFormat.MESSAGES and tokenizer.eos_token_id is not None:
+            ids.append(tokenizer.eos_token_id)
+            labels.append(tokenizer.eos_token_id)
+        tokenized = TokenizedExample(tuple(ids[:max_seq_length]), tuple(labels[:max_seq_length]))
+        if tokenized.trained_tokens:
+            out.append(tokenized)
+    return out
+
+
+def _adds_bos(tokenizer: Tokenizer) -> bool:
+    if tokenizer.bos_token_id is None:
+        return False
+    ids = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
+
+
+def pack(examples: Sequence[TokenizedExample], *, block: int) -> list[TokenizedExample]:
+    """Concatenate examples and cut them into blocks of exactly *block* tokens.
+
+    The last, partial block is dropped unless it is the only one: a full block never needs
+    padding, which is what makes packing faster.
+    """
+    ids = [token for ex in examples for token in ex.input_ids]
+    labels = [label for ex in examples for label in ex.labels]
+    blocks = [
+        TokenizedExample(tuple(ids[i : i + block]), tuple(labels[i : i + block]))
+        for i in range(0, len(ids), block)
+    ]
+    if len(blocks) > 1 and len(blocks[-1].input_ids) < block:
+        blocks.pop()
+    return [b for b in blocks if b.trained_tokens]
