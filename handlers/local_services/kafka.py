@@ -260,7 +260,7 @@ def prepare_kafka(version: str | None = None, *, timeout: float = 900.0) -> Path
                 return _resolve_with_maven(candidate, home, cache=cache, timeout=timeout)
             except KafkaUnavailableError as exc:
                 failures.append(str(exc))
-                if len(versions) > 1:
+                if candidate != versions[-1]:
                     _say(f"Kafka {candidate} did not resolve; trying the next version")
     raise KafkaUnavailableError("\n\n".join(failures))
 
@@ -499,6 +499,11 @@ class LocalKafka:
         self._recording_archive = self.libs.parent / f"broker.jsa.partial-{os.getpid()}-{self.port}"
         return f"-XX:ArchiveClassesAtExit={self._recording_archive}"
 
+    def _format_archive_flag(self) -> tuple[str, ...]:
+        if self.use_class_archive and self.class_archive_path.is_file():
+            return (f"-XX:SharedArchiveFile={self.class_archive_path}",)
+        return ()
+
     def _keep_class_archive(self, *, graceful: bool) -> None:
         recording, self._recording_archive = self._recording_archive, None
         if recording is None:
@@ -526,6 +531,9 @@ class LocalKafka:
             [
                 java,
                 "-Xmx256m",
+                "-XX:TieredStopAtLevel=1",
+                # Reads the broker's archive when there is one (same classpath, same classes).
+                *self._format_archive_flag(),
                 "-cp",
                 f"{self.libs}/*",
                 "kafka.tools.StorageTool",
