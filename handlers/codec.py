@@ -40,6 +40,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -82,6 +83,18 @@ class KafkaRecord:
 
     value: bytes | None
     headers: Headers = ()
+    key: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordInfo:
+    """Where a record was read: enough to find it again, and to say where a dead letter came
+    from. `timestamp` is the record's Kafka timestamp (UTC)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: datetime | None = None
     key: bytes | None = None
 
 

@@ -53,6 +53,9 @@ class Rejection(enum.StrEnum):
     """The event's time is further back than `max_age`."""
     EVENT_EXPIRED = "event.expired"
     """The event's `expirytime` extension has passed."""
+    INTAKE_FAILED = "intake.failed"
+    """tuneloop itself failed on this record (a bug, or a record on the internal topic that
+    tuneloop did not write). Parked here so the worker keeps consuming; report it."""
     SINK_REJECTED = "sink.rejected"
     """The core refused the event for good (it raised `InvalidEventError` itself)."""
     SINK_FAILED = "sink.failed"

@@ -1,0 +1,466 @@
+"""The front door: CloudEvents from Kafka into the core, or into the dead-letter topic.
+
+Called by the composition root (`handlers/app.py`), which builds the app with
+`make_intake_app(settings, router=..., sink=...)` and runs it as a faust worker; tests and the
+benchmark run it in-process with `faust.contrib.asgi.faust_app_running`.
+
+Two agents, so that per-key state is co-partitioned with the key the rules care about:
+
+1. `tuneloop-intake` reads raw records (bytes + headers) from the input topics. For each
+   record it decodes (`handlers/codec.py`), validates the data against the schema of its type
+   (`orchestrator/vocabulary/registry.py`), refuses events that are too old or expired, asks
+   `router` for the keys the event is relevant to, and forwards the *original record* to the
+   internal keyed topic once per key. A record it refuses goes to the DLQ instead. Exactly
+   one of the two happens.
+2. `tuneloop-keyed` reads the keyed topic (partitioned by rule key), skips what the seen-set
+   (`handlers/dedup.py`, a faust Table with a changelog) already holds, and calls
+   `sink(key, event, info)`; then it records the event as seen. The sink is where the rule
+   engine with its per-key state plugs in.
+
+Delivery (argued in docs/delivery.md): at-least-once. faust flushes the producer (forwards,
+dead letters, changelog writes) before it commits an offset, so an offset is committed only
+after the record's outcome is durable. A crash between the sink and the seen-set write
+replays that event to the sink once more, so the sink's effects must be idempotent (job names
+derived from the decision make launches so).
+
+Forwarding the original bytes rather than a re-encoded event keeps extension types and binary
+data exact, keeps the internal record no larger than the input one, and lets the keyed agent
+dead-letter the true original if the sink refuses the event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import faust
+import structlog
+
+from handlers.codec import Headers, KafkaRecord, RecordInfo, decode_record
+from handlers.dead_letters import dead_letter_record
+from handlers.dedup import SEEN_TABLE, SeenEvents, seen_key
+from orchestrator.clock import Clock, SystemClock
+from orchestrator.errors import InvalidEventError, TransientBackendError
+from orchestrator.events import CloudEvent
+from orchestrator.settings import KafkaSettings, SecurityProtocol, Settings
+from orchestrator.vocabulary.registry import SchemaRegistry
+from orchestrator.vocabulary.rejections import Rejection
+from orchestrator.vocabulary.timestamps import parse_rfc3339
+
+log = structlog.get_logger("tuneloop.intake")
+
+Router = Callable[[CloudEvent], Sequence[str]]
+"""The state keys an event is relevant to (the rule engine's `route()`); none: no rule cares."""
+
+Sink = Callable[[str, CloudEvent, RecordInfo], Awaitable[None]]
+"""Where a validated, deduplicated event goes, with the key it was routed by.
+
+May raise `TransientBackendError` (retried with backoff, blocking only its partition),
+`InvalidEventError` (dead-lettered as `sink.rejected`); anything else is dead-lettered as
+`sink.failed` so that one bad event cannot stop the worker."""
+
+UnknownTypePolicy = Callable[[str], bool]
+"""Whether an event type without a registered schema may pass (a rule allows it)."""
+
+FORWARD_HEADERS = (
+    "tuneloop-forward-topic",
+    "tuneloop-forward-partition",
+    "tuneloop-forward-offset",
+    "tuneloop-forward-timestamp",
+    "tuneloop-forward-key",
+    "tuneloop-forward-index",
+)
+"""Appended (in this order) to a record forwarded to the keyed topic: where it came from and
+which event of a batch this copy is for."""
+
+MAX_RETRY_DELAY = 60.0
+"""Seconds; the backoff of a sink raising `TransientBackendError` doubles up to this."""
+
+
+def route_by_partitionkey(event: CloudEvent) -> tuple[str, ...]:
+    """Default router: the `partitionkey` extension, else `subject`, else `source`."""
+    key = event.extensions.get("partitionkey")
+    if key is not None and str(key):
+        return (str(key),)
+    if event.subject:
+        return (event.subject,)
+    return (event.source,)
+
+
+def refuse_unknown_types(event_type: str) -> bool:
+    """Default policy: a type without a schema is dead-lettered (`type.unknown`)."""
+    del event_type
+    return False
+
+
+def admit(
+    record: KafkaRecord,
+    *,
+    arrived_at: datetime,
+    now: datetime,
+    registry: SchemaRegistry,
+    accepts_unknown_type: UnknownTypePolicy,
+    max_event_bytes: int,
+    max_age: timedelta | None,
+) -> tuple[CloudEvent, ...]:
+    """The events of *record* if every one may enter the core. Pure: no I/O, time injected.
+
+    Raises:
+        InvalidEventError: the record must be dead-lettered, with the code saying why.
+    """
+    events = decode_record(record, max_event_bytes=max_event_bytes)
+    for event in events:
+        registry.validate(event, accept_unknown=accepts_unknown_type(event.type))
+        happened = event.event_time(arrived_at)
+        if max_age is not None and now - happened > max_age:
+            raise InvalidEventError(
+                Rejection.EVENT_TOO_OLD,
+                f"event {event.id!r} happened at {happened.isoformat()}, more than "
+                f"{max_age} before {now.isoformat()}",
+            )
+        expiry = event.extensions.get("expirytime")
+        if expiry is not None and parse_rfc3339(str(expiry), attribute="expirytime") <= now:
+            raise InvalidEventError(
+                Rejection.EVENT_EXPIRED, f"event {event.id!r} expired at {expiry}"
+            )
+    return events
+
+
+@dataclass(slots=True)
+class IntakeStats:
+    """Counters of outcomes, for tests, the benchmark and a metrics exporter."""
+
+    received: int = 0
+    forwarded: int = 0
+    unrouted: int = 0
+    handled: int = 0
+    duplicates: int = 0
+    retries: int = 0
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """The faust app plus what tests and wiring may want to look at."""
+
+    app: faust.App
+    stats: IntakeStats
+    seen: SeenEvents
+    keyed_topic: str
+
+
+def make_intake_app(
+    settings: Settings,
+    *,
+    router: Router = route_by_partitionkey,
+    sink: Sink,
+    registry: SchemaRegistry | None = None,
+    accepts_unknown_type: UnknownTypePolicy = refuse_unknown_types,
+    clock: Clock | None = None,
+    **faust_options: Any,
+) -> faust.App:
+    """The intake faust App (see the module docstring); `build_intake` also returns its parts.
+
+    Args:
+        settings: `settings.kafka` gives brokers, topics, group id, limits.
+        router: the keys an event is relevant to.
+        sink: called once per (key, event) that passed.
+        registry: schemas of known types; the built-in vocabulary when omitted.
+        accepts_unknown_type: which types without a schema may pass.
+        clock: the time for age checks and the seen-set; the system clock when omitted.
+        **faust_options: passed to `faust.App` (e.g. `broker_commit_interval` in tests).
+    """
+    return build_intake(
+        settings,
+        router=router,
+        sink=sink,
+        registry=registry,
+        accepts_unknown_type=accepts_unknown_type,
+        clock=clock,
+        **faust_options,
+    ).app
+
+
+def build_intake(
+    settings: Settings,
+    *,
+    router: Router = route_by_partitionkey,
+    sink: Sink,
+    registry: SchemaRegistry | None = None,
+    accepts_unknown_type: UnknownTypePolicy = refuse_unknown_types,
+    clock: Clock | None = None,
+    **faust_options: Any,
+) -> Intake:
+    """Like `make_intake_app`, returning the app with its stats and seen-set."""
+    kafka = settings.kafka
+    schemas = registry if registry is not None else SchemaRegistry.builtin()
+    options: dict[str, Any] = {
+        "broker": [f"kafka://{host.strip()}" for host in kafka.bootstrap.split(",")],
+        "store": "memory://",
+        "topic_partitions": kafka.internal_partitions,
+        "web_enabled": False,
+        "autodiscover": False,
+        "processing_guarantee": "at_least_once",
+    }
+    credentials = faust_credentials(kafka)
+    if credentials is not None:
+        options["broker_credentials"] = credentials
+    options.update(faust_options)
+    app = faust.App(kafka.group_id, **options)
+
+    source = _raw_topic(app, *kafka.topics_in)
+    keyed_name = f"{kafka.group_id}-tuneloop-keyed"
+    keyed = _raw_topic(app, keyed_name, partitions=kafka.internal_partitions, internal=True)
+    dlq = _raw_topic(app, kafka.topic_dlq)
+    table = app.Table(SEEN_TABLE, default=None, partitions=kafka.internal_partitions)
+    seen = SeenEvents(
+        table,
+        ttl_seconds=kafka.dedup_ttl.total_seconds(),
+        max_entries=kafka.dedup_max_entries,
+    )
+    pipeline = _Pipeline(
+        kafka=kafka,
+        registry=schemas,
+        accepts_unknown_type=accepts_unknown_type,
+        router=router,
+        sink=sink,
+        now=(clock or SystemClock()).now,
+        seen=seen,
+        keyed=keyed,
+        dlq=dlq,
+    )
+
+    @app.agent(source, name="tuneloop-intake")
+    async def intake(stream: Any) -> None:
+        async for delivered in stream.events():
+            await pipeline.take_raw(delivered.message)
+
+    @app.agent(keyed, name="tuneloop-keyed")
+    async def handle_keyed(stream: Any) -> None:
+        async for delivered in stream.events():
+            await pipeline.take_keyed(delivered.message)
+
+    def forget_index(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # The table's contents change on rebalance; rebuild the per-partition order from it.
+        seen.reset_index()
+
+    # faust's stubs type receivers narrower than mode calls them; the call is checked at runtime.
+    cast(Any, app.on_partitions_revoked).connect(forget_index)
+
+    return Intake(app=app, stats=pipeline.stats, seen=seen, keyed_topic=keyed_name)
+
+
+class _Pipeline:
+    """What the two agents do with one message each; the agents only iterate."""
+
+    def __init__(
+        self,
+        *,
+        kafka: KafkaSettings,
+        registry: SchemaRegistry,
+        accepts_unknown_type: UnknownTypePolicy,
+        router: Router,
+        sink: Sink,
+        now: Callable[[], datetime],
+        seen: SeenEvents,
+        keyed: Any,
+        dlq: Any,
+    ) -> None:
+        self.kafka = kafka
+        self.registry = registry
+        self.accepts_unknown_type = accepts_unknown_type
+        self.router = router
+        self.sink = sink
+        self.now = now
+        self.seen = seen
+        self.keyed = keyed
+        self.dlq = dlq
+        self.stats = IntakeStats()
+
+    async def take_raw(self, message: Any) -> None:
+        """Stage 1: admit and forward once per key, or dead-letter."""
+        self.stats.received += 1
+        record, origin = _record_of(message)
+        try:
+            events = admit(
+                record,
+                arrived_at=origin.timestamp or self.now(),
+                now=self.now(),
+                registry=self.registry,
+                accepts_unknown_type=self.accepts_unknown_type,
+                max_event_bytes=self.kafka.max_event_bytes,
+                max_age=self.kafka.max_age,
+            )
+            routes = [(index, tuple(self.router(event))) for index, event in enumerate(events)]
+        except InvalidEventError as exc:
+            await self.dead_letter(record, origin, exc.code, exc.message)
+            return
+        except Exception as exc:  # a bug of ours must not stop the worker or lose the record
+            log.exception("intake_failed", topic=origin.topic, offset=origin.offset)
+            await self.dead_letter(record, origin, Rejection.INTAKE_FAILED, repr(exc))
+            return
+        for index, keys in routes:
+            if not keys:
+                self.stats.unrouted += 1
+                log.info("event_unrouted", event_id=events[index].id)
+            for key in keys:
+                await self.keyed.send(
+                    key=key.encode("utf-8"),
+                    value=record.value,
+                    headers=[*record.headers, *_forward_block(origin, index)],
+                )
+                self.stats.forwarded += 1
+
+    async def take_keyed(self, message: Any) -> None:
+        """Stage 2: skip duplicates, hand the rest to the sink, remember them."""
+        key = bytes(message.key or b"").decode("utf-8", errors="replace")
+        try:
+            record, origin, index = _unforward(message)
+            event = decode_record(record, max_event_bytes=len(record.value or b""))[index]
+        except Exception as exc:  # the intake admitted it, so this is a bug of ours
+            log.exception("keyed_decode_failed", key=key)
+            record, origin = _record_of(message)
+            await self.dead_letter(record, origin, Rejection.INTAKE_FAILED, repr(exc))
+            return
+        entry = seen_key(key, event.identity)
+        moment = self.now().timestamp()
+        self.seen.forget_old(partition=message.partition, now=moment)
+        if self.seen.has_seen(entry, now=moment):
+            self.stats.duplicates += 1
+            log.info("event_duplicate", event_id=event.id, source=event.source, key=key)
+            return
+        await self.deliver(key, event, record, origin)
+        self.seen.remember(entry, partition=message.partition, now=moment)
+
+    async def deliver(
+        self, key: str, event: CloudEvent, record: KafkaRecord, origin: RecordInfo
+    ) -> None:
+        """Call the sink until it takes the event or refuses it for good."""
+        delay: float | None = None
+        while True:
+            try:
+                await self.sink(key, event, origin)
+            except TransientBackendError as exc:
+                delay = min(MAX_RETRY_DELAY, exc.delay if delay is None else delay * 2)
+                self.stats.retries += 1
+                log.warning("sink_retry", event_id=event.id, key=key, delay=delay)
+                await asyncio.sleep(delay)
+                continue
+            except InvalidEventError as exc:
+                await self.dead_letter(record, origin, Rejection.SINK_REJECTED, exc.message)
+                return
+            except Exception as exc:
+                log.exception("sink_failed", event_id=event.id, key=key)
+                await self.dead_letter(record, origin, Rejection.SINK_FAILED, repr(exc))
+                return
+            self.stats.handled += 1
+            log.debug("event_handled", event_id=event.id, key=key)
+            return
+
+    async def dead_letter(
+        self, original: KafkaRecord, origin: RecordInfo, code: str, message: str
+    ) -> None:
+        """Send *original* to the DLQ with the reason attached."""
+        letter = dead_letter_record(
+            original, origin=origin, code=code, message=message, at=self.now()
+        )
+        await self.dlq.send(key=letter.key, value=letter.value, headers=list(letter.headers))
+        self.stats.dead_lettered[str(code)] += 1
+        log.warning(
+            "event_dead_lettered",
+            code=str(code),
+            reason=message[:200],
+            topic=origin.topic,
+            partition=origin.partition,
+            offset=origin.offset,
+        )
+
+
+def _raw_topic(app: faust.App, *names: str, **options: Any) -> Any:
+    """A topic of raw bytes keys and values: the codec, not faust, interprets them."""
+    return app.topic(
+        *names,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        **options,
+    )
+
+
+def faust_credentials(kafka: KafkaSettings) -> Any:
+    """faust's broker credentials for the configured protocol; None for PLAINTEXT."""
+    context = tls_context(kafka) if kafka.uses_tls else None
+    if kafka.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL):
+        return faust.SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password,
+            ssl_context=context,
+            mechanism=str(kafka.sasl_mechanism),
+        )
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None
+
+
+def tls_context(kafka: KafkaSettings) -> ssl.SSLContext:
+    """A client TLS context: the configured CA (or the system's) and, for mTLS, our cert."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=kafka.tls_ca_file)
+    if kafka.tls_cert_file is not None:
+        context.load_cert_chain(kafka.tls_cert_file, kafka.tls_key_file)
+    return context
+
+
+def _record_of(message: Any) -> tuple[KafkaRecord, RecordInfo]:
+    timestamp = (
+        datetime.fromtimestamp(message.timestamp, UTC) if message.timestamp is not None else None
+    )
+    record = KafkaRecord(
+        value=message.value,
+        headers=tuple((name, bytes(value or b"")) for name, value in message.headers or ()),
+        key=message.key,
+    )
+    origin = RecordInfo(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        timestamp=timestamp,
+        key=message.key,
+    )
+    return record, origin
+
+
+def _forward_block(origin: RecordInfo, index: int) -> Headers:
+    stamp = "" if origin.timestamp is None else str(int(origin.timestamp.timestamp() * 1000))
+    key = "-" if origin.key is None else origin.key.hex()
+    values = (origin.topic, str(origin.partition), str(origin.offset), stamp, key, str(index))
+    return tuple(
+        (name, value.encode("utf-8")) for name, value in zip(FORWARD_HEADERS, values, strict=True)
+    )
+
+
+def _unforward(message: Any) -> tuple[KafkaRecord, RecordInfo, int]:
+    """The original record, where it came from, and which batch element this copy is for."""
+    headers = [(name, bytes(value or b"")) for name, value in message.headers or ()]
+    block = dict((name, value.decode("utf-8")) for name, value in headers[-len(FORWARD_HEADERS) :])
+    original = tuple(headers[: -len(FORWARD_HEADERS)])
+    key = (
+        None
+        if block["tuneloop-forward-key"] == "-"
+        else bytes.fromhex(block["tuneloop-forward-key"])
+    )
+    stamp = block["tuneloop-forward-timestamp"]
+    origin = RecordInfo(
+        topic=block["tuneloop-forward-topic"],
+        partition=int(block["tuneloop-forward-partition"]),
+        offset=int(block["tuneloop-forward-offset"]),
+        timestamp=None if not stamp else datetime.fromtimestamp(int(stamp) / 1000, UTC),
+        key=key,
+    )
+    record = KafkaRecord(value=message.value, headers=original, key=key)
+    return record, origin, int(block["tuneloop-forward-index"])
