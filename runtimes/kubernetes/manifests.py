@@ -15,8 +15,8 @@ What goes where (Trainer v2.3.0, see docs/kubernetes.md):
 * `spec.runtimePatches[manager=tuneloop.io/orchestrator]` - the same labels and annotations
   on the JobSet and on the pods of every replicated job: TrainJob labels are not copied
   to pods by the Trainer.
-* `spec.trainer.args` / `env` - the training config as separate argv items, never a shell
-  string; no `PET_*` variables (reserved by the torch plugin).
+* `spec.trainer.args` / `env` - the training config as `TrainerConfig.to_args()` argv items,
+  never a shell string; no `PET_*` variables (reserved by the torch plugin).
 * `spec.initializer` - only when the runtime has the initializer and the URI has a scheme
   the shipped initializers understand (`hf://`, `s3://`); the trainer then reads the local
   copy under /workspace.
@@ -31,9 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import JobRejectedError
+from orchestrator.errors import ConfigError, JobRejectedError
 from orchestrator.jobs.model import TrainingRequest
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeInfo
+from runtimes.trainer.config import ProgressMode, TrainerConfig
 
 API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "trainjobs"
@@ -60,6 +61,7 @@ MAX_NAME_LENGTH = 33
 INITIALIZER_SCHEMES = ("hf://", "s3://")
 WORKSPACE_DATASET = "/workspace/dataset"
 WORKSPACE_MODEL = "/workspace/model"
+WORKSPACE_OUTPUT = "/workspace/output"
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -72,8 +74,8 @@ class Settings:
 
     image: str = "ghcr.io/tuneloop/lora-trainer:0.1.0"
     """Trainer image; pinned by tag so that a job is reproducible."""
-    command: tuple[str, ...] = ("tuneloop-train",)
-    """Trainer entry point inside the image (the `tuneloop-train` console script)."""
+    command: tuple[str, ...] = ("python", "-m", "runtimes.trainer")
+    """Trainer entry point inside the image (the program the local backend runs too)."""
     output_base_uri: str = "file:///var/lib/tuneloop/adapters"
     """Where adapters go when the request does not say: `<base>/<job name>`. The shipped
     runtime (deploy/runtimes/tuneloop-lora.yaml) mounts a volume there."""
@@ -152,41 +154,45 @@ def annotations_for(
     return annotations
 
 
+def output_dir_for(request: TrainingRequest, output_uri: str) -> str:
+    """The directory the trainer writes to, inside its container.
+
+    A `file://` output URI is a path on a volume the runtime mounts (the shipped runtime
+    mounts the adapters volume at the same path in the orchestrator); anything else is
+    written under /workspace/output, since the trainer does not upload to object stores.
+    """
+    if output_uri.startswith("file://"):
+        return output_uri.removeprefix("file://")
+    if output_uri.startswith("/"):
+        return output_uri
+    return f"{WORKSPACE_OUTPUT}/{request.name}"
+
+
 def trainer_invocation(
     request: TrainingRequest, *, dataset: str, base_model: str, output_uri: str
 ) -> tuple[list[str], list[dict[str, str]]]:
-    """The trainer's argv and env for *request*.
+    """The trainer's argv and env for *request*: `TrainerConfig.to_args()`, the one way both
+    backends build a trainer invocation (runtimes/trainer/config.py), as `--name value` items.
 
-    Kept in one function so that it can switch to `runtimes.trainer.config.TrainerConfig`
-    (`to_args()` / `to_env()`) in one place once that lands.
+    Raises:
+        JobRejectedError: the trainer would refuse these settings (reason
+            `InvalidTrainingConfig`), so the job is not created at all.
     """
-    lora, training = request.lora, request.training
-    options: list[tuple[str, Any]] = [
-        ("job-name", request.name),
-        ("base-model", base_model),
-        ("dataset", dataset),
-        ("output-uri", output_uri),
-        ("lora-r", lora.r),
-        ("lora-alpha", lora.alpha),
-        ("lora-dropout", lora.dropout),
-        ("target-modules", ",".join(lora.target_modules) if lora.target_modules else None),
-        ("epochs", training.epochs),
-        ("learning-rate", training.learning_rate),
-        ("max-steps", training.max_steps),
-        ("batch-size", training.batch_size),
-        ("gradient-accumulation-steps", training.gradient_accumulation_steps),
-        ("max-seq-length", training.max_seq_length),
-        ("seed", training.seed),
-        ("eval-fraction", training.eval_fraction),
-        ("packing", str(training.packing).lower()),
-    ]
-    args = [f"--{option}={value}" for option, value in options if value is not None]
+    try:
+        config = TrainerConfig.from_training_request(
+            request,
+            output_dir=output_dir_for(request, output_uri),
+            base_model=base_model,
+            dataset=dataset,
+            progress=ProgressMode.JSON,  # container logs are read by machines
+        )
+    except ConfigError as exc:
+        raise JobRejectedError(str(exc), reason="InvalidTrainingConfig") from exc
     env = [
-        {"name": "TUNELOOP_JOB_NAME", "value": request.name},
         {"name": "TUNELOOP_DECISION_ID", "value": request.decision_id},
         {"name": "TUNELOOP_OUTPUT_URI", "value": output_uri},
     ]
-    return args, env
+    return list(config.to_args()), env
 
 
 def _resources(request: TrainingRequest) -> dict[str, Any]:

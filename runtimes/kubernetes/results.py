@@ -7,9 +7,11 @@ How the trainer reports its result (the decision, documented in docs/kubernetes.
 
 1. The adapter goes to the job's output URI, which the builder fixed at launch and wrote in
    the `tuneloop.io/output-uri` annotation. That URI is the `adapter_uri` by default.
-2. The trainer writes `result.json` next to the adapter: `{"adapter_uri": "...",
-   "metrics": {"train_loss": 1.23, ...}}`. Where the orchestrator can read the output URI
-   (a `file://` URI or a plain path on a shared volume), that file wins.
+2. The trainer (runtimes/trainer/training.py) writes `result.json` last, in its output
+   directory: `{"status": "succeeded", "adapter_dir": "/abs/path/adapter", "metrics": {...}}`
+   (an `adapter_uri` key, if a future trainer uploads, wins over `adapter_dir`). Where the
+   orchestrator can read the output URI (a `file://` URI or a plain path on a shared volume),
+   that file wins.
 3. Where the Trainer's `TrainJobStatus` feature is on, `status.trainerStatus.metrics`
    (name/value strings, pushed by the trainer while it runs) fill in metrics the file does not
    have. Tests patch that status the way the controller's status server would.
@@ -79,6 +81,9 @@ def read_result_file(output_uri: str) -> JobResult | None:
         return None
     metrics = content.get("metrics")
     adapter_uri = content.get("adapter_uri")
+    adapter_dir = content.get("adapter_dir")
+    if not adapter_uri and isinstance(adapter_dir, str) and adapter_dir.startswith("/"):
+        adapter_uri = f"file://{adapter_dir}"
     return JobResult(
         adapter_uri=str(adapter_uri) if adapter_uri else None,
         metrics=MappingProxyType(dict(metrics) if isinstance(metrics, dict) else {}),

@@ -84,3 +84,14 @@ def test_context_is_recovered_from_the_annotations_the_builder_wrote():
 
 def test_foreign_trainjobs_have_no_context():
     assert results.context_of_trainjob({"metadata": {"name": "x", "labels": {}}}) is None
+
+
+def test_the_trainers_adapter_dir_becomes_a_file_uri(tmp_path):
+    (tmp_path / "result.json").write_text(
+        json.dumps(
+            {"status": "succeeded", "adapter_dir": "/out/a/adapter", "metrics": {"steps": 3}}
+        )
+    )
+    result = results.read_result_file(str(tmp_path))
+    assert result.adapter_uri == "file:///out/a/adapter"
+    assert dict(result.metrics) == {"steps": 3}
