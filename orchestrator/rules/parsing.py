@@ -560,7 +560,7 @@ def _inner_mark(
     if exc.column is None or (exc.line or 1) != 1:
         return mark
     quote = 1 if mapping.quoted.get(name) else 0
-    return (mark[0], mark[1] + quote + offset + exc.column)
+    return (mark[0], mark[1] + quote + offset + exc.column - 1)
 
 
 def _duration(

@@ -1,0 +1,78 @@
+"""Decision records: JSON and audit-CloudEvent round trips, deterministic ids."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from orchestrator.errors import InvalidEventError
+from orchestrator.events import CloudEvent
+from orchestrator.jobs.model import LoraSettings, TrainingRequest
+from orchestrator.ledger import (
+    DECISION_EVENT_TYPE,
+    DecisionRecord,
+    Outcome,
+    Reason,
+    decision_id,
+    from_cloudevent,
+    to_cloudevent,
+)
+
+AT = datetime(2026, 3, 1, 9, 20, tzinfo=UTC)
+
+
+def launch_record() -> DecisionRecord:
+    job = TrainingRequest(
+        name="chat-drift-chat-model-136c30d510", rule="r", rule_version="v1", key="chat-7",
+        decision_id="d-1", causing_event_ids=("e1", "e2"), runtime="torch-distributed",
+        base_model="HuggingFaceTB/SmolLM2-135M", dataset="s3://x",
+        lora=LoraSettings(target_modules=("q_proj",)), deadline_seconds=60, model_id="chat-7",
+    )  # fmt: skip
+    return DecisionRecord(
+        decision_id="d-1", outcome=Outcome.LAUNCH, reason=None, rule="r", rule_version="v1",
+        key="chat-7", time=AT, event_ids=("e1", "e2"), message="launched", job=job,
+        job_name=job.name, window_count=2,
+    )  # fmt: skip
+
+
+def test_a_record_survives_a_json_round_trip():
+    record = launch_record()
+    assert DecisionRecord.from_json(record.to_json()) == record
+
+
+def test_json_has_the_fields_other_tools_read():
+    data = launch_record().to_json()
+    assert {"outcome", "reason", "rule", "key", "time", "event_ids", "job"} <= set(data)
+    assert data["time"] == "2026-03-01T09:20:00Z"
+    assert {"name", "runtime", "base_model", "dataset", "lora", "training", "resources"} <= set(
+        data["job"]
+    )
+
+
+def test_a_record_survives_the_audit_cloudevent_round_trip():
+    record = launch_record()
+    event = to_cloudevent(record)
+    assert event.type == DECISION_EVENT_TYPE
+    assert event.id == record.decision_id
+    assert event.extensions["partitionkey"] == "chat-7"
+    assert from_cloudevent(event) == record
+
+
+def test_an_event_that_is_not_a_decision_is_refused_with_a_code():
+    with pytest.raises(InvalidEventError) as caught:
+        from_cloudevent(CloudEvent(id="x", source="/s", type="other", data={}))
+    assert caught.value.code == "not-a-decision"
+
+
+def test_decision_ids_are_deterministic_and_depend_on_every_input():
+    base = dict(rule_version="v1", key="k", outcome=Outcome.SUPPRESS, reason=Reason.COOLDOWN,
+                event_ids=("e1",), time=AT)  # fmt: skip
+    assert decision_id(**base) == decision_id(**base)
+    assert decision_id(**base) != decision_id(**{**base, "reason": Reason.CONCURRENCY})
+    assert decision_id(**base) != decision_id(**{**base, "event_ids": ("e2",)})
+
+
+def test_a_malformed_record_is_a_value_error():
+    with pytest.raises(ValueError, match="not a decision record"):
+        DecisionRecord.from_json({"outcome": "launch"})
