@@ -1,0 +1,99 @@
+"""The rule CLI on the shipped example files, through typer's runner (no services needed)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from handlers.cli.main import app
+
+RULES = "docs/examples/rules.yaml"
+EVENTS = "docs/examples/events.jsonl"
+runner = CliRunner()
+
+
+def test_check_accepts_the_example_with_a_one_line_summary():
+    result = runner.invoke(app, ["check", RULES])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("\n") == 1
+    assert result.output.startswith("ok: 2 rule(s) in 1 file(s)")
+
+
+def test_check_reports_each_problem_as_file_line_col_and_exits_1(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "rules:\n  - name: r\n    on: {type: io.tuneloop.drift.detected.v1}\n"
+        "    windw: 6h\n    cooldown: a while\n"
+        "    launch: {runtime: rt, base_model: m, dataset: d}\n"
+    )
+    result = runner.invoke(app, ["check", str(bad)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert lines == [
+        f"{bad}:4:5: unknown key 'windw' in a rule (did you mean 'window'?)",
+        f"{bad}:5:15: cooldown: bad duration 'a while': use a number and a unit s, m, h, d or w,"
+        " like 90s, 30m, 6h, 2d or 1h30m",
+    ]
+
+
+def test_simulate_json_prints_one_record_per_line_and_reports_invalid_events():
+    result = runner.invoke(app, ["simulate", "--rules", RULES, "--events", EVENTS, "--json"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert "events.jsonl:10: skipped invalid event" in result.stderr
+    for record in records:
+        assert {"outcome", "reason", "rule", "key", "time", "event_ids"} <= set(record)
+    [launch] = [r for r in records if r["outcome"] == "launch"]
+    assert launch["rule"] == "chat-drift-retrain"
+    assert launch["key"] == "chat-model-7"
+    assert launch["job"]["runtime"] == "torch-distributed"
+    assert launch["job"]["base_model"] == "HuggingFaceTB/SmolLM2-135M"
+    assert launch["job"]["dataset"] == "s3://corpora/chat-model-7/2026-03-01.jsonl"
+    assert set(launch["job"]) >= {"name", "lora", "training", "resources"}
+    outcomes = {(r["outcome"], r["reason"]) for r in records}
+    assert {("late", None), ("suppress", "duplicate"), ("suppress", "shadow"),
+            ("error", "expression-error")} <= outcomes  # fmt: skip
+
+
+def test_simulate_without_json_prints_a_table():
+    result = runner.invoke(app, ["simulate", "--rules", RULES, "--events", EVENTS])
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[0].split()[:5] == ["TIME", "RULE", "KEY", "OUTCOME", "REASON"]
+    assert "1 launch(es)" in result.stdout
+
+
+def test_explain_tells_the_story_of_a_rule_and_key_from_simulate_records(tmp_path):
+    records = tmp_path / "records.jsonl"
+    simulated = runner.invoke(app, ["simulate", "--rules", RULES, "--events", EVENTS, "--json"])
+    records.write_text(simulated.stdout)
+    result = runner.invoke(
+        app, ["explain", "--rule", "chat-drift-retrain", "--key", "chat-model-7",
+              "--records", str(records)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "launch" in result.output
+    assert "Launched 1 time(s)" in result.output
+    why_not = runner.invoke(
+        app, ["explain", "--rule", "chat-drift-retrain", "--event", "spoofed-1",
+              "--records", str(records)],
+    )  # fmt: skip
+    assert why_not.exit_code == 1
+    assert "never evaluated" in why_not.output
+
+
+def test_rule_tests_as_data_pass_and_a_wrong_expectation_fails(tmp_path):
+    result = runner.invoke(app, ["test", RULES, "docs/examples/rule-tests/"])
+    assert result.exit_code == 0, result.output
+    assert "3 passed, 0 failed" in result.output
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(
+        "cases:\n  - name: expects a launch that never happens\n    events:\n"
+        "      - {id: d1, source: /monitors/x, type: io.tuneloop.drift.detected.v1,"
+        " time: '2026-03-01T08:00:00Z', data: {model_id: m, value: 1, threshold: 0}}\n"
+        "    expect:\n      - {rule: chat-drift-retrain, outcome: launch}\n"
+    )
+    failed = runner.invoke(app, ["test", RULES, str(wrong)])
+    assert failed.exit_code == 1
+    assert "FAIL" in failed.output
+    assert "expected 'launch', got 'accumulate'" in failed.output
