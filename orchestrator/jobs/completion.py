@@ -1,7 +1,8 @@
 """Exactly one `finetune.started` / `.completed` / `.failed` CloudEvent per job.
 
 Who calls it: the wiring in `handlers/` feeds every `Observation` a backend yields into
-`CompletionPublisher.handle`, and calls `record_launch` just before it launches a job. The
+`CompletionPublisher.handle`, calls `record_launch` just before it launches a job, and
+`announce_rejection` when the backend raised `JobRejectedError` for it. The
 publisher itself is a port (`EventPublisher`), and what was already announced lives in a
 `CompletionStore` (the lead backs it with a compacted Kafka topic or a faust Table; tests use
 `orchestrator.testing.InMemoryCompletionStore`).
@@ -30,6 +31,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from orchestrator.clock import Clock
+from orchestrator.errors import JobRejectedError
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.model import JobPhase, JobRef, JobResult, Observation, TrainingRequest
 from orchestrator.jobs.tracking import Milestone, next_transition
@@ -172,6 +174,27 @@ class CompletionPublisher:
             request, launched_at=self._clock.now(), output_uri=output_uri
         )
         await self._store.save(CompletionRecord(job=request.name, context=context))
+
+    async def announce_rejection(
+        self,
+        request: TrainingRequest,
+        error: JobRejectedError,
+        *,
+        backend: str,
+        namespace: str | None = None,
+    ) -> tuple[CloudEvent, ...]:
+        """Publish `finetune.failed` for a job the backend refused to launch (missing runtime,
+        invalid spec), once: a replayed decision that is refused again announces nothing new.
+        """
+        await self.record_launch(request)
+        refused = Observation(
+            job=JobRef(name=request.name, backend=backend, namespace=namespace),
+            phase=JobPhase.FAILED,
+            at=self._clock.now(),
+            reason=error.reason,
+            message=str(error),
+        )
+        return await self.handle(refused)
 
     async def handle(self, observation: Observation) -> tuple[CloudEvent, ...]:
         """Publish what *observation* announces, if it is news; return what was published.

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from orchestrator.clock import FixedClock
+from orchestrator.errors import JobRejectedError
 from orchestrator.jobs.completion import CompletionPublisher, JobContext
 from orchestrator.jobs.model import JobPhase, JobRef, JobResult, Observation, TrainingRequest
 from orchestrator.testing import InMemoryCompletionStore, RecordingPublisher
@@ -154,3 +155,15 @@ async def test_replayed_launch_keeps_the_first_record(store, events):
     await later.record_launch(REQUEST)
     record = await store.load("ft-abc")
     assert record.context.launched_at == T0
+
+
+async def test_a_rejected_launch_is_announced_failed_once(store, events):
+    completion = publisher_on(store, events)
+    error = JobRejectedError("runtime 'gpu-xl' does not exist", reason="RuntimeNotFound")
+    await completion.announce_rejection(REQUEST, error, backend="kubernetes", namespace="ml")
+    await completion.announce_rejection(REQUEST, error, backend="kubernetes", namespace="ml")
+    (failed,) = events.events
+    SchemaRegistry.builtin().validate(failed)
+    assert failed.data["reason"] == "RuntimeNotFound"
+    assert "gpu-xl" in failed.data["message"]
+    assert failed.extensions["correlationid"] == "d-1"
