@@ -31,7 +31,6 @@ dead-letter the true original if the sink refuses the event.
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ import structlog
 from handlers.codec import Headers, KafkaRecord, RecordInfo, decode_record
 from handlers.dead_letters import dead_letter_record
 from handlers.dedup import SEEN_TABLE, SeenEvents, seen_key
+from handlers.publishing import tls_context
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import InvalidEventError, TransientBackendError
 from orchestrator.events import CloudEvent
@@ -406,14 +406,6 @@ def faust_credentials(kafka: KafkaSettings) -> Any:
     if context is not None:
         return faust.SSLCredentials(context)
     return None
-
-
-def tls_context(kafka: KafkaSettings) -> ssl.SSLContext:
-    """A client TLS context: the configured CA (or the system's) and, for mTLS, our cert."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=kafka.tls_ca_file)
-    if kafka.tls_cert_file is not None:
-        context.load_cert_chain(kafka.tls_cert_file, kafka.tls_key_file)
-    return context
 
 
 def _record_of(message: Any) -> tuple[KafkaRecord, RecordInfo]:
