@@ -1,0 +1,306 @@
+"""The composition root: one tuneloop worker, wired from settings, rules and a backend.
+
+`tuneloop run` and `tuneloop demo` build a worker here; tests build one in-process and run it
+with `faust.contrib.asgi.faust_app_running`. Nothing else in the tree wires adapters together.
+
+What runs inside one worker (one faust app, one consumer group):
+
+- the intake (`handlers/intake.py`): decode, validate, dedup, dead-letter, and re-key each
+  event by the rule engine's `route()`;
+- the keyed agent's sink: `Orchestrator.handle` (`orchestrator/service.py`) with the rule state
+  per key and the completion record per job in faust Tables (changelog topics: state survives
+  restarts and moves with its partition on a rebalance);
+- the observation pump: the backend's phase changes, sent as internal signals onto the keyed
+  topic under the job's rule key, so the key's owner announces them and releases concurrency;
+- the ticker: timers of local keys that fell due (debounce, held events, deferred launches),
+  sent as internal signals the same way;
+- the rule reloader: new valid rule files take effect without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, cast
+
+import faust
+import structlog
+
+from handlers.codec import RecordInfo, encode_event
+from handlers.intake import FORWARD_HEADERS, Intake, build_intake
+from handlers.publishing import KafkaEventPublisher
+from handlers.rules_reloading import RulesReloader
+from orchestrator import signals
+from orchestrator.clock import Clock, SystemClock
+from orchestrator.events import CloudEvent
+from orchestrator.jobs.completion import CompletionRecord
+from orchestrator.jobs.model import JobRef
+from orchestrator.jobs.persistence import record_from_json, record_to_json
+from orchestrator.ports import TrainingBackend
+from orchestrator.rules import engine, loading
+from orchestrator.rules.engine import KeyState
+from orchestrator.service import Orchestrator
+from orchestrator.settings import Settings
+from orchestrator.vocabulary.registry import SchemaRegistry
+
+log = structlog.get_logger("tuneloop.worker")
+
+RULE_STATE_TABLE = "tuneloop-rule-state"
+JOBS_TABLE = "tuneloop-jobs"
+
+
+class TableKeyStates:
+    """`KeyStateStore` on a faust Table: key → `KeyState.to_json()`."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+
+    def load(self, key: str) -> KeyState | None:
+        raw = self._table.get(key)
+        return KeyState.from_json(raw) if raw else None
+
+    def save(self, key: str, state: KeyState) -> None:
+        self._table[key] = state.to_json()
+
+    def items(self) -> list[tuple[str, KeyState]]:
+        """Every key this worker owns now (the Table holds only assigned partitions)."""
+        return [(key, KeyState.from_json(raw)) for key, raw in list(self._table.items()) if raw]
+
+
+class TableCompletions:
+    """`CompletionStore` on a faust Table: job name → completion record."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+
+    async def load(self, job: str) -> CompletionRecord | None:
+        raw = self._table.get(job)
+        return record_from_json(raw) if raw else None
+
+    async def save(self, record: CompletionRecord) -> None:
+        self._table[record.job] = record_to_json(record)
+
+    def key_of(self, job: str) -> str | None:
+        raw = self._table.get(job)
+        context = raw.get("context") if raw else None
+        return context.get("key") if context else None
+
+
+class LazyPublisher:
+    """A `KafkaEventPublisher` that connects on first use and stops with the app."""
+
+    def __init__(self, publisher: KafkaEventPublisher) -> None:
+        self._publisher = publisher
+        self._started = False
+        self._lock = asyncio.Lock()
+
+    async def publish(self, event: CloudEvent, *, topic: str | None = None) -> None:
+        if not self._started:
+            async with self._lock:
+                if not self._started:
+                    await self._publisher.start()
+                    self._started = True
+        await self._publisher.publish(event, topic=topic)
+
+    async def stop(self) -> None:
+        if self._started:
+            await self._publisher.stop()
+            self._started = False
+
+
+@dataclass(slots=True)
+class Worker:
+    """A wired worker: run `app` (faust) and everything else runs with it."""
+
+    app: faust.App
+    intake: Intake
+    orchestrator: Orchestrator
+    reloader: RulesReloader
+    publisher: LazyPublisher
+    signals_sent: int = 0
+    ticks_pending: dict[str, datetime] = field(default_factory=dict)
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+def build_worker(
+    settings: Settings,
+    *,
+    rule_paths: Sequence[str | Path],
+    backend: TrainingBackend,
+    clock: Clock | None = None,
+    registry: SchemaRegistry | None = None,
+    tick_interval: float = 1.0,
+    reload_interval: float = 2.0,
+    **faust_options: Any,
+) -> Worker:
+    """Wire a worker.
+
+    Raises:
+        ConfigError: the rule files are invalid (the worker refuses to start).
+    """
+    clock = clock or SystemClock()
+    kafka = settings.kafka
+    rules = loading.load_rules(rule_paths)
+    publisher = LazyPublisher(KafkaEventPublisher(kafka))
+    holder: dict[str, Orchestrator] = {}
+    worker_tasks: set[asyncio.Task[None]] = set()
+
+    def router(event: CloudEvent) -> tuple[str, ...]:
+        current = holder["orchestrator"].rules
+        if engine.routing_errors(current, event, now=clock.now()):
+            # Rules that could not evaluate the event leave an `error` record in the audit
+            # topic: the answer to "why did this event do nothing?".
+            task = asyncio.ensure_future(_audit_routing_errors(holder["orchestrator"], event))
+            worker_tasks.add(task)
+            task.add_done_callback(worker_tasks.discard)
+        return tuple(dict.fromkeys(route.key for route in engine.route(current, event)))
+
+    async def sink(key: str, event: CloudEvent, info: RecordInfo) -> None:
+        await holder["orchestrator"].handle(key, event, arrived_at=info.timestamp)
+
+    def accepts_unknown_type(event_type: str) -> bool:
+        # Internal signal types are never accepted from producers: nobody may forge a job
+        # observation or a tick. Other types without a schema pass only if a rule listens.
+        if signals.is_internal(event_type):
+            return False
+        return event_type in holder["orchestrator"].rules.by_type
+
+    intake = build_intake(
+        settings,
+        router=router,
+        sink=sink,
+        registry=registry,
+        accepts_unknown_type=accepts_unknown_type,
+        clock=clock,
+        **faust_options,
+    )
+    app = intake.app
+    partitions = kafka.internal_partitions
+    states = TableKeyStates(app.Table(RULE_STATE_TABLE, default=None, partitions=partitions))
+    completions = TableCompletions(app.Table(JOBS_TABLE, default=None, partitions=partitions))
+    orchestrator = Orchestrator(
+        rules=rules,
+        backend=backend,
+        publisher=publisher,
+        states=states,
+        completions=completions,
+        clock=clock,
+        audit_topic=kafka.topic_audit,
+        output_topic=kafka.topic_out,
+    )
+    holder["orchestrator"] = orchestrator
+    reloader = RulesReloader(rule_paths, on_change=orchestrator.replace_rules, current=rules)
+    worker = Worker(
+        app=app,
+        intake=intake,
+        orchestrator=orchestrator,
+        reloader=reloader,
+        publisher=publisher,
+        background=worker_tasks,
+    )
+    _run_alongside(
+        worker,
+        backend=backend,
+        states=states,
+        completions=completions,
+        clock=clock,
+        partitions=partitions,
+        tick_interval=tick_interval,
+        reload_interval=reload_interval,
+    )
+    return worker
+
+
+def _run_alongside(
+    worker: Worker,
+    *,
+    backend: TrainingBackend,
+    states: TableKeyStates,
+    completions: TableCompletions,
+    clock: Clock,
+    partitions: int,
+    tick_interval: float,
+    reload_interval: float,
+) -> None:
+    """Register what runs beside the agents: the observation pump, the ticker, the reloader."""
+    app, intake, reloader, publisher = worker.app, worker.intake, worker.reloader, worker.publisher
+    # faust's decorators are untyped; the functions below are checked, their registration not
+    faust_app = cast(Any, app)
+    keyed = app.topic(
+        intake.keyed_topic,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=partitions,
+        internal=True,
+    )
+
+    async def send_signal(key: str, event: CloudEvent) -> None:
+        record = encode_event(event)
+        await keyed.send(
+            key=key.encode("utf-8"),
+            value=record.value,
+            headers=[*record.headers, *_signal_origin(intake.keyed_topic)],
+        )
+        worker.signals_sent += 1
+
+    async def pump_observations() -> None:
+        async for observation in backend.observe():
+            key = completions.key_of(observation.job.name) or await _recover_key(
+                backend, observation.job
+            )
+            if key is None:
+                log.warning("observation_unclaimed", job=observation.job.name)
+                continue
+            await send_signal(key, signals.observation_event(observation, key=key))
+
+    async def tick_due_keys() -> None:
+        now = clock.now()
+        for key, state in states.items():
+            due = engine.next_wakeup(state)
+            if due is None or due > now or worker.ticks_pending.get(key) == due:
+                continue
+            worker.ticks_pending[key] = due
+            await send_signal(key, signals.tick_event(signals.Tick(key=key, at=now)))
+
+    async def reload_rules() -> None:
+        await reloader.watch(interval=reload_interval)
+
+    async def stop_publisher(sender: Any, **kwargs: Any) -> None:
+        await publisher.stop()
+
+    faust_app.task(pump_observations)
+    faust_app.timer(interval=tick_interval)(tick_due_keys)
+    faust_app.task(reload_rules)
+
+    faust_app.on_before_shutdown.connect(stop_publisher)
+
+
+async def _audit_routing_errors(orchestrator: Orchestrator, event: CloudEvent) -> None:
+    try:
+        await orchestrator.keys_for(event)
+    except Exception:  # the audit of an unroutable event must never stop the intake
+        log.exception("routing_error_audit_failed", event_id=event.id)
+
+
+async def _recover_key(backend: TrainingBackend, job: JobRef) -> str | None:
+    """The rule key of a job this worker has no record of (launched before a restart, or by
+    another worker), from what the backend stored with the job."""
+    context_of = getattr(backend, "context_of", None)
+    if context_of is None:
+        return None
+    context = await context_of(job)
+    return context.key if context is not None and context.key else None
+
+
+def _signal_origin(topic: str) -> list[tuple[str, bytes]]:
+    """The forward block the keyed agent expects, for a signal that came from no input
+    record (see `handlers/intake.py`, FORWARD_HEADERS)."""
+    values = (topic, "-1", "-1", "", "-", "0")
+    return [
+        (name, value.encode("utf-8")) for name, value in zip(FORWARD_HEADERS, values, strict=True)
+    ]
