@@ -57,8 +57,12 @@ class RulesReloader:
             return False
         previous = self.current.version if self.current else None
         self.current = rules
-        log.info("rules_reloaded", version=rules.version, previous=previous,
-                 rules=[f"{r.name}@{r.version}" for r in rules.rules])  # fmt: skip
+        log.info(
+            "rules_reloaded",
+            version=rules.version,
+            previous=previous,
+            rules=[f"{r.name}@{r.version}" for r in rules.rules],
+        )
         self.on_change(rules)
         return True
 

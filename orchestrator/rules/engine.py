@@ -47,7 +47,7 @@ from orchestrator.rules.state import (
     event_to_json,
     identity,
 )
-from orchestrator.rules.templating import TemplateError, check_value
+from orchestrator.rules.templating import Template, TemplateError, check_value
 
 __all__ = [
     "JobFinished",
@@ -93,52 +93,56 @@ class _Match:
 
 
 # One-entry memo: `route` and then `evaluate` on the same event object compute the selector
-# and key expressions once. Keyed by object identity of both the rule set and the event; the
-# result is a pure function of them, so the memo is invisible from outside.
-_memo: list[Any] = [None, None, ()]
+# and key expressions once. Keyed by object identity of the rule set and the event (and the
+# arrival time when the event has none); the result is a pure function of them, so the memo is
+# invisible from outside. The engine runs on one thread per worker (faust agents are asyncio).
+_memo: list[Any] = [None, None, None, ()]
 
 
 def _matches(rules: RuleSet, event: CloudEvent, time: datetime | None = None) -> tuple[_Match, ...]:
-    if _memo[0] is rules and _memo[1] is event:
-        cached: tuple[_Match, ...] = _memo[2]
+    at = event.time or time or _EPOCH
+    if _memo[0] is rules and _memo[1] is event and (event.time is not None or _memo[2] == at):
+        cached: tuple[_Match, ...] = _memo[3]
         return cached
     triggers = rules.by_type.get(event.type)
     if not triggers:
         return ()
-    at = event.time or time or datetime(1970, 1, 1, tzinfo=UTC)
     variables = event_variables(event, time=at, data_fields=rules.data_fields.get(event.type))
     activation = Activation({"event": variables})
-    found: list[_Match] = []
-    for trigger in triggers:
-        rule = trigger.rule
-        if trigger.join is not None:
-            if not trigger.join.accepts_source(event.source):
-                continue
-        else:
-            if not rule.on.accepts_source(event.source):
-                continue
-            if rule.on.where is not None:
-                try:
-                    accepted = rule.on.where.evaluate(activation)
-                except EvaluationError as exc:
-                    found.append(_Match(trigger, None, f"where: {exc}"))
-                    continue
-                if accepted is not True:
-                    if not isinstance(accepted, bool):
-                        found.append(_Match(trigger, None, f"where gave {accepted!r}, not a bool"))
-                    continue
-        try:
-            key = trigger.key.evaluate(activation)
-        except EvaluationError as exc:
-            found.append(_Match(trigger, None, f"key: {exc}"))
-            continue
-        if not isinstance(key, str) or not key:
-            found.append(_Match(trigger, None, f"key gave {key!r}, not a non-empty string"))
-            continue
-        found.append(_Match(trigger, key))
-    result = tuple(found)
-    _memo[:] = [rules, event, result]
-    return result
+    found = tuple(
+        match for trigger in triggers if (match := _match(trigger, event, activation)) is not None
+    )
+    _memo[:] = [rules, event, at, found]
+    return found
+
+
+def _match(  # noqa: PLR0911 - one return per way a trigger can decline: reads as a checklist
+    trigger: Trigger, event: CloudEvent, activation: Activation
+) -> _Match | None:
+    """Whether *trigger* accepts *event* and under which key (or why it could not tell)."""
+    if trigger.join is not None:
+        if not trigger.join.accepts_source(event.source):
+            return None
+    else:
+        selector = trigger.rule.on
+        if not selector.accepts_source(event.source):
+            return None
+        if selector.where is not None:
+            try:
+                accepted = selector.where.evaluate(activation)
+            except EvaluationError as exc:
+                return _Match(trigger, None, f"where: {exc}")
+            if not isinstance(accepted, bool):
+                return _Match(trigger, None, f"where gave {accepted!r}, not a bool")
+            if not accepted:
+                return None
+    try:
+        key = trigger.key.evaluate(activation)
+    except EvaluationError as exc:
+        return _Match(trigger, None, f"key: {exc}")
+    if not isinstance(key, str) or not key:
+        return _Match(trigger, None, f"key gave {key!r}, not a non-empty string")
+    return _Match(trigger, key)
 
 
 def route(rules: RuleSet, event: CloudEvent) -> tuple[Route, ...]:
@@ -162,7 +166,13 @@ def routing_errors(
             rule = match.trigger.rule
             records.append(
                 _record(
-                    rule, "", Outcome.ERROR, Reason.EXPRESSION_ERROR, at, (event.id,), match.error
+                    rule,
+                    "",
+                    Outcome.ERROR,
+                    Reason.EXPRESSION_ERROR,
+                    time=at,
+                    event_ids=(event.id,),
+                    message=match.error,
                 )
             )
     return tuple(records)
@@ -204,9 +214,9 @@ def evaluate(
                 key,
                 Outcome.SUPPRESS,
                 Reason.DUPLICATE,
-                time,
-                (event.id,),
-                "event already received (same source and id)",
+                time=time,
+                event_ids=(event.id,),
+                message="event already received (same source and id)",
             )
             for name in rule_names
         )
@@ -218,7 +228,15 @@ def evaluate(
             f"(allowed lateness {format_duration(rules.allowed_lateness)})"
         )
         records = tuple(
-            _record(rules.rule(name), key, Outcome.LATE, None, time, (event.id,), message)
+            _record(
+                rules.rule(name),
+                key,
+                Outcome.LATE,
+                None,
+                time=time,
+                event_ids=(event.id,),
+                message=message,
+            )
             for name in rule_names
         )
         return state, records
@@ -249,11 +267,12 @@ def observe(
         rule = rules.rule(observation.rule)
     except KeyError:
         rule = None
-    if rule is not None and rule_state.pending is not None:
-        if rule_state.pending.reason is Reason.QUEUED:
-            at = max(observation.at, rule_state.pending.since)
-            rule_state, more = _attempt(rules, rule, rule_state, key, at, rule_state.pending.event)
-            records += more
+    pending = rule_state.pending
+    if rule is not None and pending is not None and pending.reason is Reason.QUEUED:
+        at = max(observation.at, pending.since)
+        decider = _Decider(rules, rule, key)
+        rule_state, more = _attempt(decider, rule_state, at=at, event=pending.event)
+        records += more
     state = _with_rule(state, observation.rule, rule_state)
     state, more_records = _advance(rules, state, key, now)
     return state, (*records, *more_records)
@@ -292,41 +311,104 @@ def _advance(
     if released:
         state = replace(state, buffer=tuple(b for b in state.buffer if b.time > cutoff))
     for held in released:
-        state = _fire_timers(rules, state, key, held.time, records, strictly_before=True)
+        # Timers due before this event fire first, exactly as if no event had been held.
+        state = _fire_timers(
+            rules, state, key=key, until=held.time, records=records, inclusive=False
+        )
         event = fresh[1] if fresh is not None and fresh[0] is held else event_from_json(held.event)
-        state = _process(rules, state, key, event, held.time, records)
+        state = _process(rules, state, key=key, event=event, time=held.time, records=records)
         horizon = held.time if state.horizon is None else max(state.horizon, held.time)
         state = replace(state, horizon=horizon)
-    state = _fire_timers(rules, state, key, cutoff, records, strictly_before=False)
+    state = _fire_timers(rules, state, key=key, until=cutoff, records=records, inclusive=True)
     state = _prune(rules, state, cutoff)
     return state, tuple(records)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decider:
+    """One rule deciding for one key: what every step below needs, bundled."""
+
+    rules: RuleSet
+    rule: Rule
+    key: str
+
+    def record(
+        self,
+        outcome: Outcome,
+        reason: Reason | None,
+        *,
+        time: datetime,
+        event_ids: tuple[str, ...],
+        message: str,
+        job_name: str | None = None,
+        rule_state: RuleState | None = None,
+    ) -> DecisionRecord:
+        return DecisionRecord(
+            decision_id=decision_id(
+                rule_version=self.rule.version,
+                key=self.key,
+                outcome=outcome,
+                reason=reason,
+                event_ids=event_ids,
+                time=time,
+            ),
+            outcome=outcome,
+            reason=reason,
+            rule=self.rule.name,
+            rule_version=self.rule.version,
+            key=self.key,
+            time=time,
+            event_ids=event_ids,
+            message=message,
+            job_name=job_name,
+            window_count=len(rule_state.entries) if rule_state is not None else None,
+            window_sum=_window_sum(self.rule, rule_state) if rule_state is not None else None,
+        )
+
+
+def _record(
+    rule: Rule,
+    key: str,
+    outcome: Outcome,
+    reason: Reason | None,
+    *,
+    time: datetime,
+    event_ids: tuple[str, ...],
+    message: str,
+) -> DecisionRecord:
+    # For records made outside a decision step (late, duplicate, routing errors).
+    return _Decider(_NO_RULES, rule, key).record(
+        outcome, reason, time=time, event_ids=event_ids, message=message
+    )
+
+
+_NO_RULES = RuleSet(rules=(), version="")
 
 
 def _process(
     rules: RuleSet,
     state: KeyState,
+    *,
     key: str,
     event: CloudEvent,
     time: datetime,
     records: list[DecisionRecord],
 ) -> KeyState:
+    """Count (or join) one released event into every rule routed to *key*, then decide."""
     ident = identity(event)
     activation: Activation | None = None
     for match in _matches(rules, event, time):
         if match.key != key:
             continue
-        rule = match.trigger.rule
+        decider = _Decider(rules, match.trigger.rule, key)
+        rule = decider.rule
         rule_state = _expire(rule, state.rule(rule.name), time)
+        ids = (event.id,)
         if _already_counted(rule_state, ident):
+            message = "event already counted (same source and id)"
             records.append(
-                _record(
-                    rule,
-                    key,
-                    Outcome.SUPPRESS,
-                    Reason.DUPLICATE,
-                    time,
-                    (event.id,),
-                    "event already counted (same source and id)",
+                decider.record(
+                    Outcome.SUPPRESS, Reason.DUPLICATE, time=time, event_ids=ids, message=message
                 )
             )
             continue
@@ -342,40 +424,37 @@ def _process(
                     variables = event_variables(event, time=time, data_fields=None)
                     activation = Activation({"event": variables})
                 try:
-                    value = rule.sum.of.evaluate(activation)
+                    amount = _amount(rule, activation)
                 except EvaluationError as exc:
                     records.append(
-                        _record(
-                            rule,
-                            key,
+                        decider.record(
                             Outcome.ERROR,
                             Reason.EXPRESSION_ERROR,
-                            time,
-                            (event.id,),
-                            f"sum.of: {exc}",
+                            time=time,
+                            event_ids=ids,
+                            message=str(exc),
                         )
                     )
                     continue
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    records.append(
-                        _record(
-                            rule,
-                            key,
-                            Outcome.ERROR,
-                            Reason.EXPRESSION_ERROR,
-                            time,
-                            (event.id,),
-                            f"sum.of gave {value!r}, not a number",
-                        )
-                    )
-                    continue
-                amount = float(value)
             entries = (*rule_state.entries, Entry(event.id, ident, time, amount))
             rule_state = rule_state.with_changes(entries=entries)
-        rule_state, more = _consider(rules, rule, rule_state, key, time, event, join is not None)
+        rule_state, more = _consider(
+            decider, rule_state, time=time, event=event, via_join=join is not None
+        )
         records += more
         state = _with_rule(state, rule.name, rule_state)
     return state
+
+
+def _amount(rule: Rule, activation: Activation) -> float:
+    assert rule.sum is not None
+    try:
+        value = rule.sum.of.evaluate(activation)
+    except EvaluationError as exc:
+        raise EvaluationError(f"sum.of: {exc}") from exc
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EvaluationError(f"sum.of gave {value!r}, not a number")
+    return float(value)
 
 
 def _already_counted(rule_state: RuleState, ident: str) -> bool:
@@ -387,6 +466,7 @@ def _already_counted(rule_state: RuleState, ident: str) -> bool:
 
 
 def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
+    """Drop window entries, joins and launch times that no longer matter at *time*."""
     start = time - rule.window
     entries = tuple(e for e in rule_state.entries if e.time > start)
     joined = {
@@ -395,22 +475,24 @@ def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
         if any(join.type == name and j.time > time - join.within for join in rule.joins)
     }
     launches = tuple(t for t in rule_state.launches if t > time - DAY)
-    if (len(entries), len(joined), len(launches)) == (
+    unchanged = (len(entries), len(joined), len(launches)) == (
         len(rule_state.entries),
         len(rule_state.joined),
         len(rule_state.launches),
-    ):
+    )
+    if unchanged:
         return rule_state
     return rule_state.with_changes(entries=entries, joined=joined, launches=launches)
 
 
 def _progress(rule: Rule, rule_state: RuleState) -> tuple[bool, str]:
+    """Whether the count/sum condition holds, and a sentence saying how far it is."""
     count = len(rule_state.entries)
-    total = sum(e.amount for e in rule_state.entries)
     window = format_duration(rule.window)
     parts = [f"{count} of {rule.count} events in the {window} window"]
     holds = count >= rule.count
     if rule.sum is not None:
+        total = sum(e.amount for e in rule_state.entries)
         if rule.count == 1:
             parts = []
         parts.append(f"sum {total:g} of {rule.sum.at_least:g} in the {window} window")
@@ -418,98 +500,70 @@ def _progress(rule: Rule, rule_state: RuleState) -> tuple[bool, str]:
     return holds, ", ".join(parts)
 
 
+def _missing_joins(rule: Rule, rule_state: RuleState, time: datetime) -> list[str]:
+    return [
+        f"{join.type} within {format_duration(join.within)}"
+        for join in rule.joins
+        if join.type not in rule_state.joined
+        or rule_state.joined[join.type].time <= time - join.within
+    ]
+
+
 def _consider(
-    rules: RuleSet,
-    rule: Rule,
+    decider: _Decider,
     rule_state: RuleState,
-    key: str,
+    *,
     time: datetime,
     event: CloudEvent,
     via_join: bool,
 ) -> tuple[RuleState, list[DecisionRecord]]:
     """The rule's condition after *event* was added: accumulate, debounce, or try to launch."""
+    rule = decider.rule
     holds, progress = _progress(rule, rule_state)
     ids = (event.id,)
+
+    def record(outcome: Outcome, reason: Reason | None, message: str) -> list[DecisionRecord]:
+        return [
+            decider.record(
+                outcome, reason, time=time, event_ids=ids, message=message, rule_state=rule_state
+            )
+        ]
+
     if not holds:
-        reason = Reason.JOINED if via_join else None
         prefix = f"joined {event.type}; " if via_join else ""
-        return rule_state, [
-            _record(
-                rule,
-                key,
-                Outcome.ACCUMULATE,
-                reason,
-                time,
-                ids,
-                prefix + progress,
-                rule_state=rule_state,
-            )
-        ]
-    missing = [
-        join
-        for join in rule.joins
-        if join.type not in rule_state.joined
-        or rule_state.joined[join.type].time <= time - join.within
-    ]
+        return rule_state, record(
+            Outcome.ACCUMULATE, Reason.JOINED if via_join else None, prefix + progress
+        )
+    missing = _missing_joins(rule, rule_state, time)
     if missing:
-        wanted = ", ".join(f"{j.type} within {format_duration(j.within)}" for j in missing)
-        return rule_state, [
-            _record(
-                rule,
-                key,
-                Outcome.ACCUMULATE,
-                Reason.JOIN_MISSING,
-                time,
-                ids,
-                f"{progress}; waiting for {wanted}",
-                rule_state=rule_state,
-            )
-        ]
+        return rule_state, record(
+            Outcome.ACCUMULATE, Reason.JOIN_MISSING, f"{progress}; waiting for {', '.join(missing)}"
+        )
     pending = rule_state.pending
     window_ids = _window_ids(rule_state)
     if pending is not None and pending.reason in (Reason.QUEUED, Reason.BUDGET):
-        # Coalesce into the launch that already waits.
-        updated = replace(
+        # A launch already waits: coalesce this event into it rather than queue a second.
+        coalesced = replace(
             pending, event=event_to_json(event), event_ids=_merge(pending.event_ids, window_ids)
         )
-        rule_state = rule_state.with_changes(pending=updated)
-        return rule_state, [
-            _record(
-                rule,
-                key,
-                Outcome.DEFER,
-                pending.reason,
-                time,
-                ids,
-                f"coalesced into the waiting launch; {progress}",
-                rule_state=rule_state,
-            )
-        ]
+        rule_state = rule_state.with_changes(pending=coalesced)
+        return rule_state, record(
+            Outcome.DEFER, pending.reason, f"coalesced into the waiting launch; {progress}"
+        )
     if rule.debounce is not None:
         since = pending.since if pending is not None else time
         due = min(since + rule.debounce.max_wait, time + rule.debounce.quiet)
-        updated = Pending(
-            Reason.DEBOUNCE_PENDING,
-            since,
-            due,
-            event_to_json(event),
-            _merge(pending.event_ids if pending else (), window_ids),
+        earlier = pending.event_ids if pending is not None else ()
+        waiting = Pending(
+            Reason.DEBOUNCE_PENDING, since, due, event_to_json(event), _merge(earlier, window_ids)
         )
-        rule_state = rule_state.with_changes(pending=updated)
-        message = f"{progress}; launches at {format_time(due)} unless more events come"
-        return rule_state, [
-            _record(
-                rule,
-                key,
-                Outcome.SUPPRESS,
-                Reason.DEBOUNCE_PENDING,
-                time,
-                ids,
-                message,
-                rule_state=rule_state,
-            )
-        ]
-    return _attempt(rules, rule, rule_state, key, time, event_to_json(event), deciding=ids)
+        rule_state = rule_state.with_changes(pending=waiting)
+        return rule_state, record(
+            Outcome.SUPPRESS,
+            Reason.DEBOUNCE_PENDING,
+            f"{progress}; launches at {format_time(due)} unless more events come",
+        )
+    return _attempt(decider, rule_state, at=time, event=event_to_json(event), deciding=ids)
 
 
 def _window_ids(rule_state: RuleState) -> tuple[str, ...]:
@@ -522,140 +576,129 @@ def _merge(first: Iterable[str], second: Iterable[str]) -> tuple[str, ...]:
 
 
 def _attempt(
-    rules: RuleSet,
-    rule: Rule,
+    decider: _Decider,
     rule_state: RuleState,
-    key: str,
+    *,
     at: datetime,
     event: Mapping[str, Any],
     deciding: tuple[str, ...] | None = None,
 ) -> tuple[RuleState, list[DecisionRecord]]:
-    """Launch now unless cooldown, concurrency or budget says otherwise."""
+    """Launch now unless cooldown, concurrency or the daily budget says otherwise.
+
+    *deciding* names the event ids the record is about when an event triggered the attempt;
+    a timer or a job finishing makes the record name the whole waiting window instead.
+    """
+    rule = decider.rule
     pending = rule_state.pending
     ids = _merge(pending.event_ids if pending else (), _window_ids(rule_state))
     record_ids = deciding or ids
+    since = pending.since if pending else at
+
+    def record(
+        outcome: Outcome, reason: Reason, message: str, job_name: str | None = None
+    ) -> DecisionRecord:
+        return decider.record(
+            outcome,
+            reason,
+            time=at,
+            event_ids=record_ids,
+            message=message,
+            job_name=job_name,
+            rule_state=rule_state,
+        )
+
     if rule_state.last_launch is not None and at < rule_state.last_launch + rule.cooldown:
-        until = rule_state.last_launch + rule.cooldown
+        until = format_time(rule_state.last_launch + rule.cooldown)
         rule_state = rule_state.with_changes(pending=None)
         return rule_state, [
-            _record(
-                rule,
-                key,
-                Outcome.SUPPRESS,
-                Reason.COOLDOWN,
-                at,
-                record_ids,
-                f"in cooldown until {format_time(until)}; window kept",
-                rule_state=rule_state,
-            )
+            record(Outcome.SUPPRESS, Reason.COOLDOWN, f"in cooldown until {until}; window kept")
         ]
     records: list[DecisionRecord] = []
-    if rule_state.running is not None and rule.mode is Mode.LIVE:
+    running = rule_state.running
+    if running is not None and rule.mode is Mode.LIVE:
         if rule.concurrency is Concurrency.FORBID:
             rule_state = rule_state.with_changes(pending=None)
             return rule_state, [
-                _record(
-                    rule,
-                    key,
+                record(
                     Outcome.SUPPRESS,
                     Reason.CONCURRENCY,
-                    at,
-                    record_ids,
-                    f"job {rule_state.running} still runs; window kept",
-                    job_name=rule_state.running,
-                    rule_state=rule_state,
+                    f"job {running} still runs; window kept",
+                    running,
                 )
             ]
         if rule.concurrency is Concurrency.QUEUE:
-            queued = Pending(Reason.QUEUED, pending.since if pending else at, None, event, ids)
+            queued = Pending(Reason.QUEUED, since, None, event, ids)
             rule_state = rule_state.with_changes(pending=queued)
             return rule_state, [
-                _record(
-                    rule,
-                    key,
-                    Outcome.DEFER,
-                    Reason.QUEUED,
-                    at,
-                    record_ids,
-                    f"queued until job {rule_state.running} finishes",
-                    job_name=rule_state.running,
-                    rule_state=rule_state,
+                record(
+                    Outcome.DEFER, Reason.QUEUED, f"queued until job {running} finishes", running
                 )
             ]
-        records.append(
-            _record(
-                rule,
-                key,
-                Outcome.CANCEL,
-                Reason.REPLACED,
-                at,
-                record_ids,
-                f"replacing job {rule_state.running}",
-                job_name=rule_state.running,
-            )
-        )
+        records.append(record(Outcome.CANCEL, Reason.REPLACED, f"replacing job {running}", running))
     launches = tuple(t for t in rule_state.launches if t > at - DAY)
-    if rule.max_launches_per_day is not None and len(launches) >= rule.max_launches_per_day:
+    budget = rule.max_launches_per_day
+    if budget is not None and len(launches) >= budget:
         due = min(launches) + DAY
-        waiting = Pending(Reason.BUDGET, pending.since if pending else at, due, event, ids)
+        waiting = Pending(Reason.BUDGET, since, due, event, ids)
         rule_state = rule_state.with_changes(pending=waiting, launches=launches)
-        return rule_state, [
-            *records,
-            _record(
-                rule,
-                key,
-                Outcome.DEFER,
-                Reason.BUDGET,
-                at,
-                record_ids,
-                f"{len(launches)} launches in the "
-                f"last day (max {rule.max_launches_per_day}); "
-                f"retry at {format_time(due)}",
-                rule_state=rule_state,
-            ),
-        ]
-    name = job_name(rule=rule.name, key=key, window_event_ids=ids)
-    outcome, reason = (
-        (Outcome.LAUNCH, None) if rule.mode is Mode.LIVE else (Outcome.SUPPRESS, Reason.SHADOW)
+        message = (
+            f"{len(launches)} launches in the last day (max {budget}); retry at {format_time(due)}"
+        )
+        return rule_state, [*records, record(Outcome.DEFER, Reason.BUDGET, message)]
+    return _launch(
+        decider, rule_state, at=at, event=event, ids=ids, launches=launches, records=records
     )
+
+
+def _launch(
+    decider: _Decider,
+    rule_state: RuleState,
+    *,
+    at: datetime,
+    event: Mapping[str, Any],
+    ids: tuple[str, ...],
+    launches: tuple[datetime, ...],
+    records: list[DecisionRecord],
+) -> tuple[RuleState, list[DecisionRecord]]:
+    """Resolve the job and consume the window (or, in shadow mode, say what would launch)."""
+    rule = decider.rule
+    live = rule.mode is Mode.LIVE
+    name = job_name(rule=rule.name, key=decider.key, window_event_ids=ids)
+    outcome, reason = (Outcome.LAUNCH, None) if live else (Outcome.SUPPRESS, Reason.SHADOW)
     record_id = decision_id(
-        rule_version=rule.version, key=key, outcome=outcome, reason=reason, event_ids=ids, time=at
+        rule_version=rule.version,
+        key=decider.key,
+        outcome=outcome,
+        reason=reason,
+        event_ids=ids,
+        time=at,
     )
     try:
-        request = _render(rules, rule, rule_state, key, event, ids, name, record_id)
+        request = _render(decider, rule_state, event=event, ids=ids, name=name, record_id=record_id)
     except TemplateError as exc:
         rule_state = rule_state.with_changes(pending=None)
-        return rule_state, [
-            *records,
-            _record(
-                rule,
-                key,
-                Outcome.ERROR,
-                Reason.TEMPLATE_ERROR,
-                at,
-                record_ids,
-                f"launch template: {exc}; window kept",
-                rule_state=rule_state,
-            ),
-        ]
-    holds, progress = _progress(rule, rule_state)
-    seen = dict(rule_state.seen)
-    for entry in rule_state.entries:
-        seen[entry.identity] = entry.time
-    for joined in rule_state.joined.values():
-        seen[joined.identity] = joined.time
+        failure = decider.record(
+            Outcome.ERROR,
+            Reason.TEMPLATE_ERROR,
+            time=at,
+            event_ids=ids,
+            message=f"launch template: {exc}; window kept",
+            rule_state=rule_state,
+        )
+        return rule_state, [*records, failure]
+    _, progress = _progress(rule, rule_state)
     message = (
         f"launched job {name}: {progress}"
-        if rule.mode is Mode.LIVE
+        if live
         else (f"shadow mode: would launch {name}: {progress}")
     )
-    record = DecisionRecord(
+    launch = DecisionRecord(
         decision_id=record_id,
         outcome=outcome,
         reason=reason,
         rule=rule.name,
         rule_version=rule.version,
-        key=key,
+        key=decider.key,
         time=at,
         event_ids=ids,
         message=message,
@@ -664,47 +707,59 @@ def _attempt(
         window_count=len(rule_state.entries),
         window_sum=_window_sum(rule, rule_state),
     )
-    rule_state = RuleState(
+    # Consumed: the next launch needs fresh events; the ids stay known for dedup.
+    seen = dict(rule_state.seen)
+    seen.update((entry.identity, entry.time) for entry in rule_state.entries)
+    seen.update((joined.identity, joined.time) for joined in rule_state.joined.values())
+    consumed = RuleState(
         seen=seen,
         last_launch=at,
         launches=(*launches, at),
-        running=name if rule.mode is Mode.LIVE else rule_state.running,
+        running=name if live else rule_state.running,
     )
-    return rule_state, [*records, record]
+    return consumed, [*records, launch]
 
 
 def _window_sum(rule: Rule, rule_state: RuleState) -> float | None:
     return sum(e.amount for e in rule_state.entries) if rule.sum is not None else None
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _render(
-    rules: RuleSet,
-    rule: Rule,
+    decider: _Decider,
     rule_state: RuleState,
-    key: str,
+    *,
     event: Mapping[str, Any],
     ids: tuple[str, ...],
     name: str,
     record_id: str,
 ) -> TrainingRequest:
+    """The launch template rendered with `event`, `key`, `window` and `joined`, type-checked.
+
+    Raises:
+        TemplateError: an expression failed, a value has the wrong type, or a templated
+            runtime is outside the allowlist.
+    """
+    rule, rules, key = decider.rule, decider.rules, decider.key
     completing = event_from_json(event)
+    completing_time = completing.event_time(_EPOCH)
     entries = rule_state.entries
     window = {
         "count": len(entries),
         "sum": sum(e.amount for e in entries),
-        "first_time": entries[0].time if entries else completing.event_time(_EPOCH),
-        "last_time": entries[-1].time if entries else completing.event_time(_EPOCH),
+        "first_time": entries[0].time if entries else completing_time,
+        "last_time": entries[-1].time if entries else completing_time,
         "event_ids": list(ids),
     }
-    joined = {}
-    for type_name, item in rule_state.joined.items():
-        source = event_from_json(item.event)
-        joined[type_name] = event_variables(source, time=item.time, data_fields=None)
+    joined = {
+        type_name: event_variables(event_from_json(item.event), time=item.time, data_fields=None)
+        for type_name, item in rule_state.joined.items()
+    }
     activation = Activation(
         {
-            "event": event_variables(
-                completing, time=completing.event_time(_EPOCH), data_fields=None
-            ),
+            "event": event_variables(completing, time=completing_time, data_fields=None),
             "key": key,
             "window": window,
             "joined": joined,
@@ -712,7 +767,7 @@ def _render(
     )
     launch = rule.launch
 
-    def text(field: str, template: Any) -> Any:
+    def text(field: str, template: Template) -> Any:
         return check_value("", field, template.render(activation))
 
     runtime = text("runtime", launch.runtime)
@@ -745,39 +800,39 @@ def _render(
     )
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def _fire_timers(
     rules: RuleSet,
     state: KeyState,
+    *,
     key: str,
     until: datetime,
     records: list[DecisionRecord],
-    *,
-    strictly_before: bool,
+    inclusive: bool,
 ) -> KeyState:
-    """Fire debounce and budget timers due by *until*, earliest first."""
+    """Fire debounce and budget timers due by *until* (event time), earliest first."""
     while True:
-        due_rules = []
-        for name, rule_state in state.rules.items():
-            pending = rule_state.pending
-            if pending is None or pending.due is None:
-                continue
-            if pending.due < until or (not strictly_before and pending.due <= until):
-                due_rules.append((pending.due, name))
+        due_rules = [
+            (rule_state.pending.due, name)
+            for name, rule_state in state.rules.items()
+            if rule_state.pending is not None
+            and rule_state.pending.due is not None
+            and (rule_state.pending.due < until or (inclusive and rule_state.pending.due == until))
+        ]
         if not due_rules:
             return state
         due, name = min(due_rules)
         rule_state = state.rules[name]
-        assert rule_state.pending is not None
+        pending = rule_state.pending
+        assert pending is not None
         try:
             rule = rules.rule(name)
-        except KeyError:
+        except KeyError:  # the rule was removed by a reload: its waiting launch goes with it
             state = _with_rule(state, name, rule_state.with_changes(pending=None))
             continue
-        rule_state = _expire(rule, rule_state, due)
-        rule_state, more = _attempt(rules, rule, rule_state, key, due, rule_state.pending.event)  # type: ignore[union-attr]
+        decider = _Decider(rules, rule, key)
+        rule_state, more = _attempt(
+            decider, _expire(rule, rule_state, due), at=due, event=pending.event
+        )
         records += more
         state = _with_rule(state, name, rule_state)
 
@@ -785,12 +840,13 @@ def _fire_timers(
 def _prune(rules: RuleSet, state: KeyState, cutoff: datetime) -> KeyState:
     """Drop what can never matter again, and compute when `tick` next has work."""
     kept: dict[str, RuleState] = {}
-    wakeups: list[datetime] = [b.release_at for b in state.buffer[:1]]
     lateness = rules.allowed_lateness
+    wakeups: list[datetime] = [b.release_at for b in state.buffer[:1]]
     known = {rule.name: rule for rule in rules.rules}
     for name, rule_state in state.rules.items():
         rule = known.get(name)
         if rule is None:
+            # Removed by a reload. A running job is never touched; keep knowing about it.
             if rule_state.running is not None:
                 kept[name] = rule_state
             continue
@@ -801,54 +857,17 @@ def _prune(rules: RuleSet, state: KeyState, cutoff: datetime) -> KeyState:
             seen = {i: t for i, t in current.seen.items() if t > oldest}
             if len(seen) != len(current.seen):
                 current = current.with_changes(seen=seen)
-        if current.last_launch is not None and current.last_launch + rule.cooldown < cutoff:
-            if not current.launches and current.running is None:
-                current = current.with_changes(last_launch=None)
+        cooled = current.last_launch is not None and current.last_launch + rule.cooldown < cutoff
+        if cooled and not current.launches and current.running is None:
+            current = current.with_changes(last_launch=None)
         if not current.is_idle:
             kept[name] = current
         if current.pending is not None and current.pending.due is not None:
             wakeups.append(current.pending.due + lateness)
         expiries = [e.time + rule.window for e in current.entries[:1]]
-        expiries += [
-            j.time + join.within
-            for join in rule.joins
-            for j in [current.joined.get(join.type)]
-            if j is not None
-        ]
+        for join in rule.joins:
+            joined = current.joined.get(join.type)
+            if joined is not None:
+                expiries.append(joined.time + join.within)
         wakeups += [t + lateness for t in expiries]
-    return replace(state, rules=kept, wakeups=tuple(sorted(set(wakeups)))[:1])
-
-
-def _record(
-    rule: Rule,
-    key: str,
-    outcome: Outcome,
-    reason: Reason | None,
-    time: datetime,
-    event_ids: tuple[str, ...],
-    message: str,
-    *,
-    job_name: str | None = None,
-    rule_state: RuleState | None = None,
-) -> DecisionRecord:
-    return DecisionRecord(
-        decision_id=decision_id(
-            rule_version=rule.version,
-            key=key,
-            outcome=outcome,
-            reason=reason,
-            event_ids=event_ids,
-            time=time,
-        ),
-        outcome=outcome,
-        reason=reason,
-        rule=rule.name,
-        rule_version=rule.version,
-        key=key,
-        time=time,
-        event_ids=event_ids,
-        message=message,
-        job_name=job_name,
-        window_count=len(rule_state.entries) if rule_state is not None else None,
-        window_sum=_window_sum(rule, rule_state) if rule_state is not None else None,
-    )
+    return replace(state, rules=kept, wakeups=(min(wakeups),) if wakeups else ())

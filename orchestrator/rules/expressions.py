@@ -84,7 +84,7 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, KeyError):
         return f"no such field {exc.args[0]!r}" if exc.args else "no such field"
     text = str(exc)
-    return text.split(". CEL does not coerce")[0]
+    return text.split(". CEL does not coerce", 1)[0]
 
 
 class Activation:

@@ -22,8 +22,8 @@ import yaml
 from orchestrator.errors import ConfigError
 from orchestrator.rules.durations import DurationError, parse_duration
 from orchestrator.rules.expressions import (
-    ExpressionError,
     Expression,
+    ExpressionError,
     compile_expression,
     placeholder_event,
     probe,
@@ -338,33 +338,11 @@ def _parse_document(
         ctx.add((1, 1), "expected a mapping with a `rules:` list at the top of the file")
         return None
     _check_keys(ctx, document, _TOP_KEYS, "the rule file")
-    runtimes = frozenset()
-    if "runtimes" in document:
-        value = document["runtimes"]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            ctx.add(document.value_marks["runtimes"], "runtimes must be a list of runtime names")
-        else:
-            runtimes = frozenset(value)
-            for index, name in enumerate(value):
-                if not _RUNTIME_NAME.match(name):
-                    ctx.add(value.marks[index], f"bad runtime name {name!r}")
-    ctx.runtimes = runtimes
+    ctx.runtimes = _string_list(ctx, document, "runtimes", _RUNTIME_NAME) or frozenset()
     if "event_types" in document:
-        value = document["event_types"]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            ctx.add(document.value_marks["event_types"], "event_types must be a list of types")
-        else:
-            ctx.event_types = frozenset(value)
+        ctx.event_types = _string_list(ctx, document, "event_types", _EVENT_TYPE)
     lateness = _duration(ctx, document, "allowed_lateness", timedelta(0)) or timedelta(0)
-    limits = Limits()
-    if "limits" in document:
-        value = document["limits"]
-        if not isinstance(value, Loc):
-            ctx.add(document.value_marks["limits"], "limits must be a mapping")
-        else:
-            _check_keys(ctx, value, ("max_concurrent_jobs",), "limits")
-            jobs = _integer(ctx, value, "max_concurrent_jobs", None, minimum=1)
-            limits = Limits(max_concurrent_jobs=jobs)
+    limits = _parse_limits(ctx, document)
     defaults = Loc((1, 1))
     if "defaults" in document:
         value = document["defaults"]
@@ -374,7 +352,7 @@ def _parse_document(
             _check_keys(ctx, value, _DEFAULTABLE, "defaults")
             defaults = value
     rules_value = document.get("rules")
-    if not isinstance(rules_value, list):
+    if not isinstance(rules_value, LocList):
         mark = document.value_marks.get("rules", (1, 1))
         ctx.add(mark, "expected `rules:` to be a list of rules")
         return None
@@ -387,16 +365,44 @@ def _parse_document(
         rule = _parse_rule(ctx, _with_defaults(item, defaults), mark)
         if rule is not None:
             rules.append(rule)
-    return rules, lateness, limits, runtimes
+    return rules, lateness, limits, ctx.runtimes
+
+
+def _string_list(
+    ctx: _Context, document: Loc, name: str, pattern: re.Pattern[str]
+) -> frozenset[str] | None:
+    if name not in document:
+        return None
+    value = document[name]
+    if not isinstance(value, LocList) or not all(isinstance(v, str) for v in value):
+        ctx.add(document.value_marks[name], f"{name} must be a list of names")
+        return None
+    for index, item in enumerate(value):
+        if not pattern.match(item):
+            ctx.add(value.marks[index], f"bad name {item!r} in {name}")
+    return frozenset(value)
+
+
+def _parse_limits(ctx: _Context, document: Loc) -> Limits:
+    if "limits" not in document:
+        return Limits()
+    value = document["limits"]
+    if not isinstance(value, Loc):
+        ctx.add(document.value_marks["limits"], "limits must be a mapping")
+        return Limits()
+    _check_keys(ctx, value, ("max_concurrent_jobs",), "limits")
+    return Limits(max_concurrent_jobs=_integer(ctx, value, "max_concurrent_jobs", None, minimum=1))
 
 
 def _with_defaults(rule: Loc, defaults: Loc) -> Loc:
     merged = Loc(rule.mark)
     for source in (defaults, rule):
         for name, value in source.items():
-            if name == "launch" and isinstance(value, Loc) and isinstance(merged.get(name), Loc):
-                value = _merge_launch(merged[name], value)
-            merged[name] = value
+            current = merged.get(name)
+            if isinstance(value, Loc) and isinstance(current, Loc):
+                merged[name] = _merge_launch(current, value)
+            else:
+                merged[name] = value
             merged.key_marks[name] = source.key_marks[name]
             merged.value_marks[name] = source.value_marks[name]
             merged.quoted[name] = source.quoted[name]
@@ -409,8 +415,9 @@ def _merge_launch(base: Loc, override: Loc) -> Loc:
         for name, value in source.items():
             current = merged.get(name)
             if isinstance(value, Loc) and isinstance(current, Loc):
-                value = _merge_launch(current, value)
-            merged[name] = value
+                merged[name] = _merge_launch(current, value)
+            else:
+                merged[name] = value
             merged.key_marks[name] = source.key_marks[name]
             merged.value_marks[name] = source.value_marks[name]
             merged.quoted[name] = source.quoted[name]
@@ -497,7 +504,7 @@ def _parse_selector(ctx: _Context, raw: Loc, mark: tuple[int, int]) -> Selector 
         types = [checked] if checked else []
     else:
         values = on["types"]
-        if not isinstance(values, list) or not values:
+        if not isinstance(values, LocList) or not values:
             ctx.add(on.value_marks["types"], "`types` must be a non-empty list of event types")
         else:
             for index, value in enumerate(values):
@@ -643,7 +650,7 @@ def _parse_joins(
     if "join" not in raw:
         return ()
     values = raw["join"]
-    if not isinstance(values, list):
+    if not isinstance(values, LocList):
         ctx.add(raw.value_marks["join"], "join must be a list of {type, key, within}")
         return ()
     joins = []

@@ -52,8 +52,12 @@ def test_simulate_json_prints_one_record_per_line_and_reports_invalid_events():
     assert launch["job"]["dataset"] == "s3://corpora/chat-model-7/2026-03-01.jsonl"
     assert set(launch["job"]) >= {"name", "lora", "training", "resources"}
     outcomes = {(r["outcome"], r["reason"]) for r in records}
-    assert {("late", None), ("suppress", "duplicate"), ("suppress", "shadow"),
-            ("error", "expression-error")} <= outcomes  # fmt: skip
+    assert {
+        ("late", None),
+        ("suppress", "duplicate"),
+        ("suppress", "shadow"),
+        ("error", "expression-error"),
+    } <= outcomes
 
 
 def test_simulate_without_json_prints_a_table():
@@ -68,16 +72,32 @@ def test_explain_tells_the_story_of_a_rule_and_key_from_simulate_records(tmp_pat
     simulated = runner.invoke(app, ["simulate", "--rules", RULES, "--events", EVENTS, "--json"])
     records.write_text(simulated.stdout)
     result = runner.invoke(
-        app, ["explain", "--rule", "chat-drift-retrain", "--key", "chat-model-7",
-              "--records", str(records)],
-    )  # fmt: skip
+        app,
+        [
+            "explain",
+            "--rule",
+            "chat-drift-retrain",
+            "--key",
+            "chat-model-7",
+            "--records",
+            str(records),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "launch" in result.output
     assert "Launched 1 time(s)" in result.output
     why_not = runner.invoke(
-        app, ["explain", "--rule", "chat-drift-retrain", "--event", "spoofed-1",
-              "--records", str(records)],
-    )  # fmt: skip
+        app,
+        [
+            "explain",
+            "--rule",
+            "chat-drift-retrain",
+            "--event",
+            "spoofed-1",
+            "--records",
+            str(records),
+        ],
+    )
     assert why_not.exit_code == 1
     assert "never evaluated" in why_not.output
 

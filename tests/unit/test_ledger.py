@@ -24,16 +24,33 @@ AT = datetime(2026, 3, 1, 9, 20, tzinfo=UTC)
 
 def launch_record() -> DecisionRecord:
     job = TrainingRequest(
-        name="chat-drift-chat-model-136c30d510", rule="r", rule_version="v1", key="chat-7",
-        decision_id="d-1", causing_event_ids=("e1", "e2"), runtime="torch-distributed",
-        base_model="HuggingFaceTB/SmolLM2-135M", dataset="s3://x",
-        lora=LoraSettings(target_modules=("q_proj",)), deadline_seconds=60, model_id="chat-7",
-    )  # fmt: skip
+        name="chat-drift-chat-model-136c30d510",
+        rule="r",
+        rule_version="v1",
+        key="chat-7",
+        decision_id="d-1",
+        causing_event_ids=("e1", "e2"),
+        runtime="torch-distributed",
+        base_model="HuggingFaceTB/SmolLM2-135M",
+        dataset="s3://x",
+        lora=LoraSettings(target_modules=("q_proj",)),
+        deadline_seconds=60,
+        model_id="chat-7",
+    )
     return DecisionRecord(
-        decision_id="d-1", outcome=Outcome.LAUNCH, reason=None, rule="r", rule_version="v1",
-        key="chat-7", time=AT, event_ids=("e1", "e2"), message="launched", job=job,
-        job_name=job.name, window_count=2,
-    )  # fmt: skip
+        decision_id="d-1",
+        outcome=Outcome.LAUNCH,
+        reason=None,
+        rule="r",
+        rule_version="v1",
+        key="chat-7",
+        time=AT,
+        event_ids=("e1", "e2"),
+        message="launched",
+        job=job,
+        job_name=job.name,
+        window_count=2,
+    )
 
 
 def test_a_record_survives_a_json_round_trip():
@@ -66,8 +83,14 @@ def test_an_event_that_is_not_a_decision_is_refused_with_a_code():
 
 
 def test_decision_ids_are_deterministic_and_depend_on_every_input():
-    base = dict(rule_version="v1", key="k", outcome=Outcome.SUPPRESS, reason=Reason.COOLDOWN,
-                event_ids=("e1",), time=AT)  # fmt: skip
+    base = dict(
+        rule_version="v1",
+        key="k",
+        outcome=Outcome.SUPPRESS,
+        reason=Reason.COOLDOWN,
+        event_ids=("e1",),
+        time=AT,
+    )
     assert decision_id(**base) == decision_id(**base)
     assert decision_id(**base) != decision_id(**{**base, "reason": Reason.CONCURRENCY})
     assert decision_id(**base) != decision_id(**{**base, "event_ids": ("e2",)})

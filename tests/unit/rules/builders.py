@@ -30,7 +30,9 @@ def rules_from(text: str, *, header: str = "") -> RuleSet:
 def one_rule(body: str, *, header: str = "", launch: str = LAUNCH) -> RuleSet:
     """A rule file with one rule `r` on drift events keyed by `event.data.model_id`."""
     text = (
-        "rules:\n  - name: r\n    on: {type: " + DRIFT + "}\n    key: event.data.model_id\n"
+        "rules:\n  - name: r\n    on: {type: "
+        + DRIFT
+        + "}\n    key: event.data.model_id\n"
         + textwrap.indent(textwrap.dedent(body).strip("\n") + "\n", "    ")
         + textwrap.indent(textwrap.dedent(launch).strip("\n") + "\n", "    ")
     )

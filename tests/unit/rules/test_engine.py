@@ -14,14 +14,21 @@ from orchestrator.rules.simulation import simulate
 from tests.unit.rules.builders import DATA, arrived, at, drift, one_rule, rules_from
 
 
-def feed(rules: RuleSet, events: list[CloudEvent], *, state: KeyState | None = None,
-         key: str = "m1", lag: float = 0.0) -> tuple[KeyState, list[DecisionRecord]]:
+def feed(
+    rules: RuleSet,
+    events: list[CloudEvent],
+    *,
+    state: KeyState | None = None,
+    key: str = "m1",
+    lag: float = 0.0,
+) -> tuple[KeyState, list[DecisionRecord]]:
     """Evaluate each event at its own time (+ lag minutes) for *key*."""
     records: list[DecisionRecord] = []
     for event in events:
         assert event.time is not None
-        state, out = engine.evaluate(rules, state, event, key=key,
-                                     now=event.time + timedelta(minutes=lag))
+        state, out = engine.evaluate(
+            rules, state, event, key=key, now=event.time + timedelta(minutes=lag)
+        )
         records += out
     assert state is not None
     return state, records
@@ -72,8 +79,13 @@ def test_where_filters_events_and_source_glob_keeps_out_strangers():
             launch: {runtime: rt, base_model: m, dataset: d}
     """)
     low = drift(1, 0, value=0.1)
-    stranger = CloudEvent(id="x", source="/laptop", type=drift(2, 0).type, time=at(0),
-                          data={"model_id": "m1", "value": 1, "threshold": 0})
+    stranger = CloudEvent(
+        id="x",
+        source="/laptop",
+        type=drift(2, 0).type,
+        time=at(0),
+        data={"model_id": "m1", "value": 1, "threshold": 0},
+    )
     assert engine.route(rules, low) == ()
     assert engine.route(rules, stranger) == ()
     assert engine.route(rules, drift(3, 0)) == (Route("r", "m1"),)
@@ -97,17 +109,23 @@ def test_a_missing_field_in_where_is_an_error_record_not_a_silent_drop():
 
 
 def test_join_waits_for_the_other_event_type_and_fires_when_it_arrives():
-    rules = one_rule("count: 2\nwindow: 1h\njoin:\n  - {type: " + DATA
-                     + ", key: event.data.model_id, within: 2h}\n",
-                     launch="""
+    rules = one_rule(
+        "count: 2\nwindow: 1h\njoin:\n  - {type: "
+        + DATA
+        + ", key: event.data.model_id, within: 2h}\n",
+        launch="""
 launch:
   runtime: rt
   base_model: m
   dataset: "${ joined['io.tuneloop.data.arrived.v1'].data.uri }"
-""")
+""",
+    )
     _, records = feed(rules, [drift(1, 0), drift(2, 5), arrived(1, 10)])
-    assert outcomes(records) == [("accumulate", None), ("accumulate", "join-missing"),
-                                 ("launch", None)]
+    assert outcomes(records) == [
+        ("accumulate", None),
+        ("accumulate", "join-missing"),
+        ("launch", None),
+    ]
     assert records[-1].job is not None
     assert records[-1].job.dataset == "s3://data/m1/1.jsonl"
     assert records[-1].event_ids == ("d1", "d2", "a1")
@@ -122,8 +140,12 @@ def test_join_older_than_within_does_not_count():
 def test_cooldown_suppresses_and_keeps_the_window():
     rules = one_rule("count: 1\ncooldown: 1h\nconcurrency: replace\n")
     _, records = feed(rules, [drift(1, 0), drift(2, 30), drift(3, 61)])
-    assert outcomes(records) == [("launch", None), ("suppress", "cooldown"),
-                                 ("cancel", "replaced"), ("launch", None)]
+    assert outcomes(records) == [
+        ("launch", None),
+        ("suppress", "cooldown"),
+        ("cancel", "replaced"),
+        ("launch", None),
+    ]
     assert records[-1].event_ids == ("d2", "d3")
 
 
@@ -220,7 +242,7 @@ def test_a_redelivered_event_is_a_duplicate_and_not_counted_twice():
 
 def test_an_event_older_than_the_allowed_lateness_is_late_and_not_counted():
     rules = one_rule("count: 2\nwindow: 1h\n", header="allowed_lateness: 5m\n")
-    state, records = feed(rules, [drift(1, 30)], lag=5)
+    state, _ = feed(rules, [drift(1, 30)], lag=5)
     _, late = feed(rules, [drift(2, 20)], state=state, lag=15)
     assert outcomes(late) == [("late", None)]
 
@@ -237,24 +259,31 @@ def test_out_of_order_events_within_lateness_are_counted_in_event_time_order():
 
 
 def test_template_errors_are_recorded_and_keep_the_window():
-    rules = one_rule("count: 1\n", launch="""
+    rules = one_rule(
+        "count: 1\n",
+        launch="""
 launch:
   runtime: rt
   base_model: m
   dataset: "${ event.data.uri }"
-""")
+""",
+    )
     state, records = feed(rules, [drift(1, 0)])
     assert outcomes(records) == [("error", "template-error")]
     assert state.rule("r").entries
 
 
 def test_templated_runtime_outside_the_allowlist_is_refused_at_launch():
-    rules = one_rule("count: 1\n", header="runtimes: [a, b]\n", launch="""
+    rules = one_rule(
+        "count: 1\n",
+        header="runtimes: [a, b]\n",
+        launch="""
 launch:
   runtime: "${ event.data.runtime }"
   base_model: m
   dataset: d
-""")
+""",
+    )
     _, records = feed(rules, [drift(1, 0, runtime="evil")])
     assert outcomes(records) == [("error", "template-error")]
     assert "allowlist" in records[0].message
@@ -264,7 +293,9 @@ launch:
 
 
 def test_typed_template_values_become_typed_job_settings():
-    rules = one_rule("count: 1\n", launch="""
+    rules = one_rule(
+        "count: 1\n",
+        launch="""
 launch:
   runtime: rt
   base_model: m
@@ -273,7 +304,8 @@ launch:
   training: {max_steps: 10, learning_rate: 1e-3}
   resources: {gpus_per_node: 0}
   deadline: 2h
-""")
+""",
+    )
     _, records = feed(rules, [drift(1, 0, rank=8)])
     job = records[0].job
     assert job is not None
@@ -285,8 +317,9 @@ launch:
 
 
 def test_state_survives_a_json_round_trip_mid_window():
-    rules = one_rule("count: 3\nwindow: 1h\njoin:\n  - {type: " + DATA + "}\n"
-                     "debounce: {quiet: 5m}\n")
+    rules = one_rule(
+        "count: 3\nwindow: 1h\njoin:\n  - {type: " + DATA + "}\ndebounce: {quiet: 5m}\n"
+    )
     state, _ = feed(rules, [drift(1, 0), arrived(1, 1), drift(2, 2)])
     restored = KeyState.from_json(state.to_json())
     assert restored == state
@@ -329,7 +362,11 @@ def test_global_limit_is_a_check_for_the_wiring():
 
 def test_simulate_finishes_jobs_after_the_assumed_duration():
     rules = one_rule("count: 1\n")
-    records = simulate(rules, [drift(1, 0), drift(2, 30), drift(3, 90)],
-                       assume_duration=timedelta(hours=1))
-    assert outcomes(list(records)) == [("launch", None), ("suppress", "concurrency"),
-                                       ("launch", None)]
+    records = simulate(
+        rules, [drift(1, 0), drift(2, 30), drift(3, 90)], assume_duration=timedelta(hours=1)
+    )
+    assert outcomes(list(records)) == [
+        ("launch", None),
+        ("suppress", "concurrency"),
+        ("launch", None),
+    ]

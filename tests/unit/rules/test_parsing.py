@@ -58,29 +58,102 @@ def test_rule_errors_are_a_config_error():
     ("text", "expected"),
     [
         ("rules: [\n", "f.yaml:2:1: bad YAML"),
-        (GOOD.replace("    key:", "    kee:"), "f.yaml:4:5: unknown key 'kee' in a rule (did you mean 'key'?)"),
-        (GOOD.replace("event.data.model_id", "event.data.model_id +"), "f.yaml:4:31: key: CEL syntax error"),
-        (GOOD.replace("event.data.model_id", "evnt.data.model_id"), "f.yaml:4:10: key: unknown variable 'evnt'"),
-        (GOOD.replace("    key: event.data.model_id", "    key: event.source + 1"), "f.yaml:4:10: key: CEL type error"),
-        (GOOD.replace("    key: event.data.model_id", "    window: 6 hours"), "f.yaml:4:13: window: bad duration '6 hours'"),
-        (GOOD + GOOD.replace("rules:\n", ""), "f.yaml:6:5: duplicate rule name 'r' (first defined at f.yaml:2:5)"),
-        (GOOD.replace("drift.detected", "drift.detectd"), "f.yaml:3:16: unknown event type 'io.tuneloop.drift.detectd.v1' (did you mean 'io.tuneloop.drift.detected.v1'?)"),
-        ("runtimes: [a]\n" + GOOD.replace("runtime: rt", "runtime: \"${ 'b' }\""), "f.yaml:6:23: runtime 'b' is outside the allowlist (a)"),
-        (GOOD.replace("runtime: rt", "runtime: \"${ event.data.rt }\""), "f.yaml:5:23: a templated runtime needs an allowlist"),
-        (GOOD.replace("    launch", "    join: [{type: io.tuneloop.data.arrived.v1, within: 0s}]\n    launch"), "f.yaml:5:56: this join can never match: `within` is 0s"),
-        (GOOD.replace("    launch", "    join: [{type: io.tuneloop.drift.detected.v1}]\n    launch"), "f.yaml:5:19: this join can never add a condition"),
-        (GOOD.replace("    launch", "    join: [{type: io.tuneloop.data.arrived.v1, key: \"'x'\"}]\n    launch"), "f.yaml:5:53: this join can never match: its key"),
-        (GOOD.replace("    key: event.data.model_id", "    on2: 1"), "f.yaml:4:5: unknown key 'on2' in a rule (did you mean 'on'?)"),
+        (
+            GOOD.replace("    key:", "    kee:"),
+            "f.yaml:4:5: unknown key 'kee' in a rule (did you mean 'key'?)",
+        ),
+        (
+            GOOD.replace("event.data.model_id", "event.data.model_id +"),
+            "f.yaml:4:31: key: CEL syntax error",
+        ),
+        (
+            GOOD.replace("event.data.model_id", "evnt.data.model_id"),
+            "f.yaml:4:10: key: unknown variable 'evnt'",
+        ),
+        (
+            GOOD.replace("    key: event.data.model_id", "    key: event.source + 1"),
+            "f.yaml:4:10: key: CEL type error",
+        ),
+        (
+            GOOD.replace("    key: event.data.model_id", "    window: 6 hours"),
+            "f.yaml:4:13: window: bad duration '6 hours'",
+        ),
+        (
+            GOOD + GOOD.replace("rules:\n", ""),
+            "f.yaml:6:5: duplicate rule name 'r' (first defined at f.yaml:2:5)",
+        ),
+        (
+            GOOD.replace("drift.detected", "drift.detectd"),
+            "f.yaml:3:16: unknown event type 'io.tuneloop.drift.detectd.v1' "
+            "(did you mean 'io.tuneloop.drift.detected.v1'?)",
+        ),
+        (
+            "runtimes: [a]\n" + GOOD.replace("runtime: rt", "runtime: \"${ 'b' }\""),
+            "f.yaml:6:23: runtime 'b' is outside the allowlist (a)",
+        ),
+        (
+            GOOD.replace("runtime: rt", 'runtime: "${ event.data.rt }"'),
+            "f.yaml:5:23: a templated runtime needs an allowlist",
+        ),
+        (
+            GOOD.replace(
+                "    launch",
+                "    join: [{type: io.tuneloop.data.arrived.v1, within: 0s}]\n    launch",
+            ),
+            "f.yaml:5:56: this join can never match: `within` is 0s",
+        ),
+        (
+            GOOD.replace(
+                "    launch", "    join: [{type: io.tuneloop.drift.detected.v1}]\n    launch"
+            ),
+            "f.yaml:5:19: this join can never add a condition",
+        ),
+        (
+            GOOD.replace(
+                "    launch",
+                "    join: [{type: io.tuneloop.data.arrived.v1, key: \"'x'\"}]\n    launch",
+            ),
+            "f.yaml:5:53: this join can never match: its key",
+        ),
+        (
+            GOOD.replace("    key: event.data.model_id", "    on2: 1"),
+            "f.yaml:4:5: unknown key 'on2' in a rule (did you mean 'on'?)",
+        ),
         (GOOD.replace("name: r", "name: Bad_Name"), "f.yaml:2:11: bad rule name 'Bad_Name'"),
-        (GOOD.replace("    key: event.data.model_id", "    concurrency: forbidd"), "f.yaml:4:18: concurrency must be one of forbid, queue, replace, got 'forbidd' (did you mean 'forbid'?)"),
-        (GOOD.replace("dataset: d}", "dataset: d, lora: {r: two}}"), "f.yaml:5:64: lora.r must be a whole number"),
-        (GOOD.replace("on: {type", "on: {where: \"event.source\", type"), "f.yaml:3:17: where must be a boolean"),
+        (
+            GOOD.replace("    key: event.data.model_id", "    concurrency: forbidd"),
+            "f.yaml:4:18: concurrency must be one of forbid, queue, replace, got 'forbidd' "
+            "(did you mean 'forbid'?)",
+        ),
+        (
+            GOOD.replace("dataset: d}", "dataset: d, lora: {r: two}}"),
+            "f.yaml:5:64: lora.r must be a whole number",
+        ),
+        (
+            GOOD.replace("on: {type", 'on: {where: "event.source", type'),
+            "f.yaml:3:17: where must be a boolean",
+        ),
     ],
-    ids=["bad-yaml", "unknown-key", "cel-syntax", "cel-unknown-variable", "cel-type",
-         "bad-duration", "duplicate-name", "unknown-event-type", "runtime-outside-allowlist",
-         "templated-runtime-without-allowlist", "join-within-zero", "join-on-own-type",
-         "join-constant-key", "on-is-a-key-not-a-boolean", "bad-rule-name", "bad-enum",
-         "bad-lora-type", "where-not-boolean"],
+    ids=[
+        "bad-yaml",
+        "unknown-key",
+        "cel-syntax",
+        "cel-unknown-variable",
+        "cel-type",
+        "bad-duration",
+        "duplicate-name",
+        "unknown-event-type",
+        "runtime-outside-allowlist",
+        "templated-runtime-without-allowlist",
+        "join-within-zero",
+        "join-on-own-type",
+        "join-constant-key",
+        "on-is-a-key-not-a-boolean",
+        "bad-rule-name",
+        "bad-enum",
+        "bad-lora-type",
+        "where-not-boolean",
+    ],
 )
 def test_problems_are_reported_with_file_line_and_column(text, expected):
     found = problems(text)
@@ -93,15 +166,24 @@ def test_every_problem_is_reported_not_just_the_first():
 
 
 def test_yaml_1_1_surprises_are_avoided():
-    rules = parse_files([Source("f.yaml", GOOD.replace("dataset: d}", "dataset: d, training: {learning_rate: 2e-4}}"))])
+    rules = parse_files(
+        [
+            Source(
+                "f.yaml",
+                GOOD.replace("dataset: d}", "dataset: d, training: {learning_rate: 2e-4}}"),
+            )
+        ]
+    )
     assert rules.rules[0].launch.training["learning_rate"].literal == 2e-4
 
 
 def test_defaults_apply_to_every_rule_and_rules_override_them():
-    text = "defaults:\n  cooldown: 1h\n  launch: {base_model: base}\n" + GOOD.replace(
-        "base_model: m, ", ""
-    ) + GOOD.replace("rules:\n", "").replace("name: r", "name: s").replace(
-        "    key:", "    cooldown: 2h\n    key:"
+    text = (
+        "defaults:\n  cooldown: 1h\n  launch: {base_model: base}\n"
+        + GOOD.replace("base_model: m, ", "")
+        + GOOD.replace("rules:\n", "")
+        .replace("name: r", "name: s")
+        .replace("    key:", "    cooldown: 2h\n    key:")
     )
     rules = parse_files([Source("f.yaml", text)])
     assert rules.rule("r").cooldown == timedelta(hours=1)
@@ -121,7 +203,8 @@ def test_a_missing_path_is_a_problem_not_a_crash(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("90s", 90), ("30m", 1800), ("6h", 21600), ("2d", 172800), ("1h30m", 5400)]
+    ("text", "seconds"),
+    [("90s", 90), ("30m", 1800), ("6h", 21600), ("2d", 172800), ("1h30m", 5400)],
 )
 def test_durations_parse_and_print_back(text, seconds):
     assert parse_duration(text) == timedelta(seconds=seconds)
