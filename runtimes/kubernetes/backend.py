@@ -189,9 +189,9 @@ class KubernetesBackend:
                         log.info("job_already_launched", job=request.name, attempt=attempt)
                         return self._ref(request.name)
                     continue  # deleted between the 409 and the read: create again
-                error = translate(exc, doing=doing)
+                error = translate(exc, doing=doing, retry_delay=delay)
             except Exception as exc:
-                error = translate(exc, doing=doing)
+                error = translate(exc, doing=doing, retry_delay=delay)
             else:
                 log.info("job_launched", job=request.name, runtime=runtime.reference)
                 return self._ref(request.name)
@@ -200,9 +200,9 @@ class KubernetesBackend:
                 raise error
             if attempt == self._settings.launch_attempts:
                 raise error
-            wait = max(delay, error.delay)
-            log.info("job_launch_retry", job=request.name, attempt=attempt, delay=wait)
-            await self._sleep(wait)
+            # error.delay is the server's Retry-After when it sent one, else our backoff.
+            log.info("job_launch_retry", job=request.name, attempt=attempt, delay=error.delay)
+            await self._sleep(error.delay)
             delay = min(delay * 2, self._settings.backoff_max)
         raise TransientBackendError(f"{doing}: gave up", delay=delay)  # pragma: no cover
 

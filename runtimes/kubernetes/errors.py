@@ -41,13 +41,13 @@ def api_message(exc: ApiException) -> tuple[str, str]:
     return reason or f"HTTP{exc.status}", message or f"HTTP {exc.status} {exc.reason}"
 
 
-def _retry_after(exc: ApiException) -> float:
+def _retry_after(exc: ApiException, default: float) -> float:
     headers: Mapping[str, Any] = exc.headers or {}
     value = headers.get("Retry-After") or headers.get("retry-after")
     try:
-        return max(float(value), 0.0) if value is not None else DEFAULT_RETRY_DELAY
+        return max(float(value), 0.0) if value is not None else default
     except (TypeError, ValueError):
-        return DEFAULT_RETRY_DELAY
+        return default
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -58,12 +58,16 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
-def translate(exc: BaseException, *, doing: str) -> BackendError:
+def translate(
+    exc: BaseException, *, doing: str, retry_delay: float = DEFAULT_RETRY_DELAY
+) -> BackendError:
     """The core error for *exc*, raised while *doing* (e.g. "create TrainJob ft-x").
 
     Args:
         exc: what the kubernetes client raised.
         doing: what was being attempted, for the message.
+        retry_delay: the `delay` of a transient error when the server did not name one
+            (`Retry-After`); callers pass their current backoff.
 
     Returns:
         `TransientBackendError` or `JobRejectedError`; the caller raises it `from exc`.
@@ -73,11 +77,11 @@ def translate(exc: BaseException, *, doing: str) -> BackendError:
         if is_transient(exc):
             return TransientBackendError(
                 f"{doing}: API server answered {exc.status} {reason}: {message}",
-                delay=_retry_after(exc),
+                delay=_retry_after(exc, retry_delay),
             )
         return JobRejectedError(f"{doing}: {message}", reason=reason)
     if is_transient(exc):
-        return TransientBackendError(f"{doing}: API server unreachable: {exc}")
+        return TransientBackendError(f"{doing}: API server unreachable: {exc}", delay=retry_delay)
     return JobRejectedError(f"{doing}: {type(exc).__name__}: {exc}", reason="ClientError")
 
 

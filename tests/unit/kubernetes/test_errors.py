@@ -63,3 +63,8 @@ def test_a_body_that_is_not_json_is_still_reported():
     error = translate(exc, doing="x")
     assert isinstance(error, JobRejectedError)
     assert "not json" in str(error)
+
+
+def test_without_retry_after_the_callers_backoff_is_the_delay():
+    assert translate(api_error(503, "ServiceUnavailable"), doing="x", retry_delay=0.4).delay == 0.4
+    assert translate(ConnectionRefusedError(), doing="x", retry_delay=0.8).delay == 0.8

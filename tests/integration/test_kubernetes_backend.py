@@ -1,0 +1,292 @@
+"""KubernetesBackend and the completion publisher against the real API server.
+
+The Trainer controller does not run here; `TrainerStatusPatcher` writes `/status` as it would.
+Kafka is not needed either: a `RecordingPublisher` and an `InMemoryCompletionStore` stand for
+the output topic and the state topic (the Kafka-backed ones are tested where they live); what
+is real is every TrainJob, watch, 409 and 410.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kubernetes import client
+
+from orchestrator.clock import SystemClock
+from orchestrator.errors import JobRejectedError, TransientBackendError
+from orchestrator.jobs.completion import CompletionPublisher
+from orchestrator.jobs.model import JobPhase, JobResult, TrainingRequest
+from orchestrator.testing import InMemoryCompletionStore, RecordingPublisher
+from runtimes.kubernetes import manifests
+from runtimes.kubernetes.backend import BACKEND_NAME, BackendSettings, KubernetesBackend
+from runtimes.kubernetes.catalog import GROUP, VERSION
+from tests.contract.backend_contract import request, until
+from tests.contract.test_kubernetes_backend_contract import TrainerStatusPatcher
+
+pytestmark = pytest.mark.kubernetes
+
+RUNTIME = "torch-distributed"
+
+
+@pytest.fixture
+def objects(kube_api):
+    with kube_api.api_client() as api:
+        yield client.CustomObjectsApi(api)
+
+
+@pytest.fixture
+def settings(k8s_namespace):
+    return BackendSettings(
+        namespace=k8s_namespace,
+        watch_timeout=2,
+        backoff_initial=0.05,
+        backoff_max=0.2,
+        request_timeout=5.0,
+    )
+
+
+@pytest.fixture
+def controller(objects, k8s_namespace):
+    return TrainerStatusPatcher(objects, k8s_namespace)
+
+
+def orchestrator(api, settings, store, events):
+    """One orchestrator process: a backend and a completion publisher over shared state."""
+    backend = KubernetesBackend(api, clock=SystemClock(), settings=settings)
+    completion = CompletionPublisher(
+        store=store,
+        publisher=events,
+        clock=SystemClock(),
+        recover_context=backend.context_of,
+    )
+    return backend, completion
+
+
+def trainjob_names(objects, namespace):
+    listing = objects.list_namespaced_custom_object(GROUP, VERSION, namespace, manifests.PLURAL)
+    return sorted(item["metadata"]["name"] for item in listing["items"])
+
+
+async def pump(stream, completion, name, phase):
+    """Feed observations of *name* to the publisher until *phase* was handled."""
+    for observation in await until(stream, name, phase):
+        await completion.handle(observation)
+
+
+async def test_watcher_restart_mid_job_announces_started_and_completed_once(
+    objects, settings, controller
+):
+    store, events = InMemoryCompletionStore(), RecordingPublisher()
+    backend, completion = orchestrator(objects, settings, store, events)
+    job = request("ft-restart-mid", RUNTIME)
+    await completion.record_launch(job)
+    ref = await backend.launch(job)
+    stream = aiter(backend.observe())
+    await pump(stream, completion, job.name, JobPhase.PENDING)
+    await controller.move(ref, JobPhase.RUNNING)
+    await pump(stream, completion, job.name, JobPhase.RUNNING)
+    await stream.aclose()  # the orchestrator stops mid-job
+
+    await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult(metrics={"train_loss": 0.7}))
+
+    backend, completion = orchestrator(objects, settings, store, events)  # a new process
+    stream = aiter(backend.observe())
+    await pump(stream, completion, job.name, JobPhase.SUCCEEDED)
+    await stream.aclose()
+
+    assert [e.type for e in events.events] == [
+        "io.tuneloop.finetune.started.v1",
+        "io.tuneloop.finetune.completed.v1",
+    ]
+    completed = events.events[-1]
+    assert completed.extensions["correlationid"] == job.decision_id
+    assert completed.extensions["causationid"] == "event-1"
+    assert completed.data["metrics"] == {"train_loss": 0.7}
+    assert completed.data["adapter_uri"] == f"file:///var/lib/tuneloop/adapters/{job.name}"
+    assert completed.data["runtime"] == RUNTIME
+
+
+async def test_killed_between_status_change_and_publish_publishes_once(
+    objects, settings, controller
+):
+    store, events = InMemoryCompletionStore(), RecordingPublisher()
+    backend, completion = orchestrator(objects, settings, store, events)
+    job = request("ft-killed", RUNTIME)
+    await completion.record_launch(job)
+    ref = await backend.launch(job)
+    await controller.move(ref, JobPhase.FAILED, reason="FailedJobs")
+    stream = aiter(backend.observe())
+    (*_, failed) = await until(stream, job.name, JobPhase.FAILED)
+    events.fail_next(ConnectionError("the process dies before the broker acknowledged"))
+    with pytest.raises(ConnectionError):
+        await completion.handle(failed)
+    await stream.aclose()
+
+    for _restart in range(2):
+        backend, completion = orchestrator(objects, settings, store, events)
+        stream = aiter(backend.observe())
+        await pump(stream, completion, job.name, JobPhase.FAILED)
+        await stream.aclose()
+
+    (announced,) = events.events
+    assert announced.type == "io.tuneloop.finetune.failed.v1"
+    assert announced.data["reason"] == "FailedJobs"
+
+
+async def test_a_job_found_without_a_record_gets_its_context_from_the_trainjob(
+    objects, settings, controller
+):
+    store, events = InMemoryCompletionStore(), RecordingPublisher()
+    backend, completion = orchestrator(objects, settings, store, events)
+    job = request("ft-no-record", RUNTIME)
+    ref = await backend.launch(job)  # no record_launch: the state topic lost it
+    await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult())
+    stream = aiter(backend.observe())
+    await pump(stream, completion, job.name, JobPhase.SUCCEEDED)
+    await stream.aclose()
+    (completed,) = events.events
+    assert completed.extensions["correlationid"] == job.decision_id
+    assert completed.data["rule"] == job.rule
+
+
+class StaleFirstWatch:
+    """The real API, except that the first watch asks for a long-gone resourceVersion, as a
+    watcher does after a long outage. The server answers that with a real 410 Expired."""
+
+    def __init__(self, api):
+        self._api = api
+        self.lists = 0
+        self.watches = 0
+
+    def __getattr__(self, name):
+        return getattr(self._api, name)
+
+    def list_namespaced_custom_object(self, *args, **kwargs):
+        if kwargs.get("watch"):
+            self.watches += 1
+            if self.watches == 1:
+                kwargs["resource_version"] = "1"
+        else:
+            self.lists += 1
+        return self._api.list_namespaced_custom_object(*args, **kwargs)
+
+
+async def test_a_410_makes_the_watcher_list_again_and_miss_nothing(objects, settings, controller):
+    api = StaleFirstWatch(objects)
+    backend = KubernetesBackend(api, clock=SystemClock(), settings=settings)
+    ref = await backend.launch(request("ft-gone", RUNTIME))
+    stream = aiter(backend.observe())
+    await until(stream, "ft-gone", JobPhase.PENDING)
+    await controller.move(ref, JobPhase.RUNNING)
+    await until(stream, "ft-gone", JobPhase.RUNNING)
+    await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult())
+    (*_, done) = await until(stream, "ft-gone", JobPhase.SUCCEEDED)
+    await stream.aclose()
+    assert done.phase is JobPhase.SUCCEEDED
+    assert api.lists >= 2  # the first list, and the one after 410 Gone
+
+
+async def test_a_decision_replayed_twice_creates_one_trainjob(objects, settings, k8s_namespace):
+    job = request("ft-replayed", RUNTIME)
+    first = KubernetesBackend(objects, clock=SystemClock(), settings=settings)
+    refs = await asyncio.gather(first.launch(job), first.launch(job))
+    restarted = KubernetesBackend(objects, clock=SystemClock(), settings=settings)
+    refs.append(await restarted.launch(job))
+    assert len(set(refs)) == 1
+    assert trainjob_names(objects, k8s_namespace) == ["ft-replayed"]
+
+
+async def test_a_foreign_trainjob_with_our_name_is_a_clear_error(objects, settings, k8s_namespace):
+    objects.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        k8s_namespace,
+        manifests.PLURAL,
+        {
+            "apiVersion": manifests.API_VERSION,
+            "kind": "TrainJob",
+            "metadata": {
+                "name": "ft-taken",
+                "labels": {"app.kubernetes.io/managed-by": "kubeflow-sdk"},
+            },
+            "spec": {"runtimeRef": {"name": RUNTIME}},
+        },
+    )
+    backend = KubernetesBackend(objects, clock=SystemClock(), settings=settings)
+    with pytest.raises(JobRejectedError) as error:
+        await backend.launch(request("ft-taken", RUNTIME))
+    assert error.value.reason == "NameTaken"
+    assert "kubeflow-sdk" in str(error.value)
+
+
+async def test_a_spec_the_server_refuses_is_rejected_with_the_servers_message(objects, settings):
+    invalid = TrainingRequest(
+        **{
+            **{
+                f: getattr(request("ft-invalid", RUNTIME), f)
+                for f in TrainingRequest.__dataclass_fields__
+            },
+            "deadline_seconds": 0,
+        }
+    )
+    backend = KubernetesBackend(objects, clock=SystemClock(), settings=settings)
+    with pytest.raises(JobRejectedError) as error:
+        await backend.launch(invalid)
+    assert error.value.reason == "Invalid"
+    assert "activeDeadlineSeconds" in str(error.value)
+
+
+async def test_a_missing_runtime_fails_the_decision_with_one_failed_event(objects, settings):
+    store, events = InMemoryCompletionStore(), RecordingPublisher()
+    backend, completion = orchestrator(objects, settings, store, events)
+    job = request("ft-no-runtime", "gpu-xl")
+    for _replay in range(2):
+        try:
+            await backend.launch(job)
+        except JobRejectedError as error:
+            await completion.announce_rejection(
+                job, error, backend=BACKEND_NAME, namespace=backend.namespace
+            )
+    (failed,) = events.events
+    assert failed.data["reason"] == "RuntimeNotFound"
+    assert "torch-distributed" in failed.data["message"]  # says what does exist
+
+
+async def test_a_trainjob_whose_jobset_never_appears_fails_with_a_reason(objects, k8s_namespace):
+    settings = BackendSettings(
+        namespace=k8s_namespace, watch_timeout=1, jobset_timeout=1.0, request_timeout=5.0
+    )
+    backend = KubernetesBackend(objects, clock=SystemClock(), settings=settings)
+    await backend.launch(request("ft-stuck", RUNTIME))
+    stream = aiter(backend.observe())
+    (*_, failed) = await until(stream, "ft-stuck", JobPhase.FAILED)
+    await stream.aclose()
+    assert failed.reason == "JobSetNotCreated"
+
+
+async def test_an_unreachable_api_server_is_a_transient_error_after_retries(
+    kube_api, k8s_namespace
+):
+    if kube_api.server is None:
+        pytest.skip("needs the local API server, which the test can stop")
+    sleeps = []
+
+    async def record(seconds):
+        sleeps.append(seconds)
+
+    settings = BackendSettings(
+        namespace=k8s_namespace, launch_attempts=3, backoff_initial=0.1, request_timeout=2.0
+    )
+    with kube_api.api_client() as api:
+        backend = KubernetesBackend(
+            client.CustomObjectsApi(api), clock=SystemClock(), settings=settings, sleep=record
+        )
+        await backend._catalog.runtimes()  # listed while the server is up
+        kube_api.server.stop()
+        try:
+            with pytest.raises(TransientBackendError):
+                await backend.launch(request("ft-down", RUNTIME))
+        finally:
+            kube_api.server.start()
+    assert sleeps == [0.1, 0.2]  # exponential backoff between the three attempts
