@@ -20,6 +20,7 @@ What runs inside one worker (one faust app, one consumer group):
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,6 +36,7 @@ from handlers.publishing import KafkaEventPublisher
 from handlers.rules_reloading import RulesReloader
 from orchestrator import signals
 from orchestrator.clock import Clock, SystemClock
+from orchestrator.errors import ConfigError
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.completion import CompletionRecord
 from orchestrator.jobs.model import JobRef
@@ -304,3 +306,46 @@ def _signal_origin(topic: str) -> list[tuple[str, bytes]]:
     return [
         (name, value.encode("utf-8")) for name, value in zip(FORWARD_HEADERS, values, strict=True)
     ]
+
+
+class BackendKind(enum.StrEnum):
+    """Where training runs."""
+
+    LOCAL = "local"
+    """A subprocess of the trainer on this machine (the default for one machine)."""
+    KUBERNETES = "kubernetes"
+    """Kubeflow Trainer v2 TrainJobs on the cluster of a kubeconfig."""
+
+
+def make_backend(
+    kind: BackendKind,
+    *,
+    clock: Clock,
+    local_root: Path | None = None,
+    local_max_concurrent: int = 1,
+    kubeconfig: Path | None = None,
+    namespace: str = "default",
+) -> TrainingBackend:
+    """The backend of *kind*, ready for `build_worker`.
+
+    Raises:
+        ConfigError: what the backend needs is missing (a kubeconfig for Kubernetes).
+    """
+    if kind is BackendKind.LOCAL:
+        from runtimes.localprocess.backend import LocalProcessBackend
+
+        root = local_root or Path.home() / ".cache" / "tuneloop" / "jobs"
+        return LocalProcessBackend(root, max_concurrent=local_max_concurrent, clock=clock)
+    from kubernetes import config as kube_config
+
+    from runtimes.kubernetes.backend import BackendSettings, KubernetesBackend
+
+    if kubeconfig is None:
+        raise ConfigError(
+            "the kubernetes backend needs a kubeconfig: set TUNELOOP_KUBECONFIG or --kubeconfig"
+        )
+    new_client = cast(Any, kube_config).new_client_from_config  # untyped library
+    api_client = new_client(config_file=str(kubeconfig))
+    return KubernetesBackend.from_api_client(
+        api_client, clock=clock, settings=BackendSettings(namespace=namespace)
+    )
