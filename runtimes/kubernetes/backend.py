@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from orchestrator.clock import Clock
-from orchestrator.errors import BackendError, TransientBackendError
+from orchestrator.errors import BackendError, ConfigError, TransientBackendError
 from orchestrator.jobs.completion import JobContext
 from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest
 from orchestrator.jobs.tracking import next_transition
@@ -77,6 +77,63 @@ class BackendSettings:
     `Failed` with reason `JobSetNotCreated` (Trainer #2735: a JobSet the controller cannot
     create leaves the status empty)."""
     manifests: manifests.Settings = field(default_factory=manifests.Settings)
+
+
+ENV_PREFIX = "TUNELOOP_KUBERNETES_"
+
+RBAC_RULES: Mapping[str, tuple[str, ...]] = {
+    "trainjobs": ("create", "delete", "get", "list", "watch"),
+    "trainjobs/status": ("get",),
+    "trainingruntimes": ("get", "list", "watch"),
+    "clustertrainingruntimes": ("get", "list", "watch"),
+}
+"""Every verb this backend (and its catalog) uses, per `trainer.kubeflow.org` resource: the
+Helm chart's Role/ClusterRole grant exactly these (tests/unit/kubernetes/test_helm_chart.py)."""
+
+
+def settings_from_env(environ: Mapping[str, str]) -> BackendSettings:
+    """`BackendSettings` from `TUNELOOP_KUBERNETES_*` variables (the Helm chart sets them).
+
+    NAMESPACE, TRAINER_IMAGE, OUTPUT_BASE_URI, DATASET_SECRET, MODEL_SECRET (text);
+    JOBSET_TIMEOUT, REQUEST_TIMEOUT (seconds); WATCH_TIMEOUT, LAUNCH_ATTEMPTS (integers).
+    Unset ones keep their defaults.
+
+    Raises:
+        ConfigError: a number is not a number, or is not positive.
+    """
+    defaults = BackendSettings()
+
+    def text(key: str, default: str) -> str:
+        return environ.get(ENV_PREFIX + key) or default
+
+    def number(key: str, default: float, kind: Callable[[str], float]) -> Any:
+        raw = environ.get(ENV_PREFIX + key)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}{key}={raw!r} is not a number") from None
+        if value <= 0:
+            raise ConfigError(f"{ENV_PREFIX}{key}={raw!r} must be positive")
+        return value
+
+    built = defaults.manifests
+    return BackendSettings(
+        namespace=text("NAMESPACE", defaults.namespace),
+        launch_attempts=number("LAUNCH_ATTEMPTS", defaults.launch_attempts, int),
+        request_timeout=number("REQUEST_TIMEOUT", defaults.request_timeout, float),
+        watch_timeout=number("WATCH_TIMEOUT", defaults.watch_timeout, int),
+        jobset_timeout=number("JOBSET_TIMEOUT", defaults.jobset_timeout, float),
+        manifests=manifests.Settings(
+            image=text("TRAINER_IMAGE", built.image),
+            command=built.command,
+            output_base_uri=text("OUTPUT_BASE_URI", built.output_base_uri),
+            causing_ids_budget=built.causing_ids_budget,
+            dataset_secret=environ.get(ENV_PREFIX + "DATASET_SECRET") or None,
+            model_secret=environ.get(ENV_PREFIX + "MODEL_SECRET") or None,
+        ),
+    )
 
 
 def phase_of(
