@@ -253,3 +253,46 @@ async def test_published_events_read_back_identical_in_both_modes(
         max_event_bytes=LIMIT,
     )
     assert decoded == event
+
+
+def test_emit_sends_a_record_the_codec_reads_back(kafka_bootstrap, new_topic) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from handlers.cli import event_commands
+
+    cli = typer.Typer()
+    cli.callback()(lambda: None)
+    event_commands.register(cli)
+    topic = new_topic("emit")
+    result = CliRunner().invoke(
+        cli,
+        [
+            "emit",
+            "--type",
+            "io.tuneloop.data.arrived.v1",
+            "--source",
+            "/pipelines/labels",
+            "--id",
+            "batch-7",
+            "--data",
+            '{"dataset_id": "tickets", "uri": "s3://b/7/", "rows": 500}',
+            "--key",
+            "chat",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--topic",
+            topic,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    (record,) = asyncio.run(read_all(kafka_bootstrap, topic, 1))
+    (event,) = decode_record(
+        KafkaRecord(value=record.value, headers=tuple(record.headers), key=record.key),
+        max_event_bytes=LIMIT,
+    )
+    assert (event.id, event.extensions["partitionkey"], event.data["rows"]) == (
+        "batch-7",
+        "chat",
+        500,
+    )

@@ -118,7 +118,7 @@ def comparable(event: CloudEvent, *, text_extensions: bool) -> dict[str, object]
     }
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(cloud_events())
 def test_binary_mode_round_trip_keeps_every_attribute(event: CloudEvent) -> None:
     record = encode_event(event, mode=EncodingMode.BINARY)
@@ -126,7 +126,7 @@ def test_binary_mode_round_trip_keeps_every_attribute(event: CloudEvent) -> None
     assert comparable(decoded, text_extensions=True) == comparable(event, text_extensions=True)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(cloud_events())
 def test_structured_mode_round_trip_keeps_every_attribute_and_extension_types(
     event: CloudEvent,
@@ -137,7 +137,7 @@ def test_structured_mode_round_trip_keeps_every_attribute_and_extension_types(
     assert comparable(decoded, text_extensions=False) == expected
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(st.lists(cloud_events(), min_size=1, max_size=5))
 def test_batch_round_trip_keeps_order(events: list[CloudEvent]) -> None:
     decoded = decode_record(encode_batch(events), max_event_bytes=LIMIT)
