@@ -17,6 +17,7 @@ helm is found as `$TUNELOOP_HELM`, on PATH, or in `$TUNELOOP_CACHE/bin` (build i
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -73,10 +74,16 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([HELM, *args], capture_output=True, text=True, timeout=60, check=False)
 
 
-def render(*values: str) -> dict[str, dict]:
+@functools.cache
+def _rendered(values: tuple[str, ...]) -> str:
     done = helm("template", "rel", str(CHART), "--namespace", "ml", *values)
     assert done.returncode == 0, done.stderr
-    objects = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return done.stdout
+
+
+def render(*values: str) -> dict[str, dict]:
+    """The objects `helm template` renders with *values*, by `Kind/name` (fresh copies)."""
+    objects = [doc for doc in yaml.safe_load_all(_rendered(values)) if doc]
     return {f"{o['kind']}/{o['metadata']['name']}": o for o in objects}
 
 

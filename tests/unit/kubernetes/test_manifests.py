@@ -161,7 +161,7 @@ def test_label_values_are_always_valid_and_stable(text):
     assert manifests.label_value(text) == value
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(requests, runtimes)
 def test_every_trainjob_keeps_the_trainer_api_rules(request, runtime):
     built = manifests.build_trainjob(
