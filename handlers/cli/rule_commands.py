@@ -181,7 +181,7 @@ def _records_from_kafka(bootstrap: str, topic: str) -> list[DecisionRecord]:
     return records
 
 
-def explain(  # noqa: PLR0917 - typer maps each option to one parameter
+def explain(
     rule: Annotated[str, typer.Option("--rule", help="Rule name.")],
     key: Annotated[str | None, typer.Option("--key", help="The key (e.g. model id).")] = None,
     event: Annotated[

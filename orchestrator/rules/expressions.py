@@ -5,11 +5,10 @@
 unknown variables, obvious type errors). `engine.py` builds one `Activation` per event and
 evaluates every expression of every relevant rule against it.
 
-Two measured speed-ups (see bench/engine.py): the context handed to CEL holds only the parts of
-`event.data` that some expression of the rule set reads (converting a 500-byte payload into CEL
-values costs more than evaluating five expressions), and a bare field path such as
-`event.data.model_id` is looked up in Python without entering CEL at all, with the same result
-and the same missing-field error.
+Two measured speed-ups (see bench/engine.py): expressions in the simple subset (paths,
+literals, comparisons, `&&`, `||`, `!`) are evaluated in Python by `fastpath.py` with CEL's
+semantics, and the CEL context is built only when some expression needs CEL; that context
+holds only the parts of `event.data` that some expression of the rule set reads.
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ from typing import Any
 import cel
 
 from orchestrator.events import CloudEvent
+from orchestrator.rules.fastpath import Evaluator, FastPathError, NeedsCel, compile_simple
 
 EVENT_ATTRIBUTES = ("id", "source", "type", "specversion", "subject", "time", "data")
-_PATH = re.compile(r"^\s*([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*)*)\s*$")
 _MACRO_BINDING = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
 _DATA_FIELD = re.compile(r"\bevent\.data\.([A-Za-z_]\w*)")
 _SYNTAX_POSITION = re.compile(r"<input>:(\d+):(\d+):\s*(.*)")
@@ -58,8 +57,8 @@ class Expression:
     variables: frozenset[str] = frozenset()
     data_fields: frozenset[str] | None = frozenset()
     """Top-level `event.data` fields it reads; None when it reads `event.data` as a whole."""
-    path: tuple[str, ...] | None = None
-    """Set when the expression is a bare field path: evaluated in Python, not CEL."""
+    fast: Evaluator | None = field(default=None, repr=False, compare=False)
+    """Set when the expression is in the simple subset `fastpath` evaluates in Python."""
 
     def evaluate(self, activation: Activation) -> Any:
         """The value of the expression for *activation*.
@@ -67,13 +66,13 @@ class Expression:
         Raises:
             EvaluationError: a field is missing or an operation does not apply to the types.
         """
-        if self.path is not None:
-            value: Any = activation.variables
-            for part in self.path:
-                if not isinstance(value, Mapping) or part not in value:
-                    raise EvaluationError(f"{self.source}: no such field {part!r}")
-                value = value[part]
-            return value
+        if self.fast is not None:
+            try:
+                return self.fast(activation.variables)
+            except FastPathError as exc:
+                raise EvaluationError(f"{self.source}: {exc}") from exc
+            except NeedsCel:
+                pass
         try:
             return self.program.execute(activation.context())
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
@@ -155,7 +154,7 @@ def compile_expression(source: str, *, allowed: frozenset[str]) -> Expression:
         program=program,
         variables=variables,
         data_fields=_data_fields(source),
-        path=_bare_path(source),
+        fast=compile_simple(source),
     )
 
 
@@ -167,14 +166,6 @@ def _data_fields(source: str) -> frozenset[str] | None:
     if mentions != len(fields):
         return None
     return frozenset(fields)
-
-
-def _bare_path(source: str) -> tuple[str, ...] | None:
-    found = _PATH.match(source)
-    if not found or found.group(1) in ("true", "false", "null"):
-        return None
-    rest = tuple(part for part in found.group(2).split(".") if part)
-    return (found.group(1), *rest)
 
 
 def probe(expression: Expression, variables: Mapping[str, Any]) -> Any:

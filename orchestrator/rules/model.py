@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,7 +56,17 @@ class Selector:
     where: Expression | None = None
 
     def accepts_source(self, source: str) -> bool:
-        return not self.sources or any(fnmatch.fnmatchcase(source, p) for p in self.sources)
+        return _accepts(self.sources, source)
+
+
+@functools.lru_cache(maxsize=1024)
+def _glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+
+
+def _accepts(patterns: tuple[str, ...], source: str) -> bool:
+    """Whether *source* matches one of the glob *patterns* (none: every source)."""
+    return not patterns or _glob(patterns).match(source) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +79,7 @@ class Join:
     sources: tuple[str, ...] = ()
 
     def accepts_source(self, source: str) -> bool:
-        return not self.sources or any(fnmatch.fnmatchcase(source, p) for p in self.sources)
+        return _accepts(self.sources, source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,14 +168,13 @@ class RuleSet:
     limits: Limits = field(default_factory=Limits)
     files: tuple[str, ...] = ()
     by_type: Mapping[str, tuple[Trigger, ...]] = field(default_factory=dict, compare=False)
+    by_name: Mapping[str, Rule] = field(default_factory=dict, compare=False)
     data_fields: Mapping[str, frozenset[str] | None] = field(default_factory=dict, compare=False)
     """Per event type, the `event.data` fields any expression reads (None: all of them)."""
 
     def rule(self, name: str) -> Rule:
-        for rule in self.rules:
-            if rule.name == name:
-                return rule
-        raise KeyError(name)
+        """The rule called *name*; KeyError when there is none."""
+        return self.by_name[name]
 
     @classmethod
     def of(
@@ -195,6 +206,7 @@ class RuleSet:
             limits=limits or Limits(),
             files=files,
             by_type={name: tuple(triggers) for name, triggers in index.items()},
+            by_name={rule.name: rule for rule in rules},
             data_fields=fields,
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any
@@ -167,7 +167,17 @@ class RuleState:
         )
 
     def with_changes(self, **changes: Any) -> RuleState:
-        return replace(self, **changes)
+        # Spelled out: dataclasses.replace is a measurable share of the engine's time.
+        get = changes.get
+        return RuleState(
+            entries=get("entries", self.entries),
+            joined=get("joined", self.joined),
+            seen=get("seen", self.seen),
+            last_launch=get("last_launch", self.last_launch),
+            launches=get("launches", self.launches),
+            running=get("running", self.running),
+            pending=get("pending", self.pending),
+        )
 
 
 @dataclass(frozen=True, slots=True)

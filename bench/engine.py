@@ -1,0 +1,144 @@
+"""Benchmark: events per second through the rule engine, as a ratio to `json.loads`.
+
+100 rules spread over 20 event types (5 rules per type: a `where`, a key, some with a `sum`,
+a cooldown), 100k structured-mode CloudEvents of about 500 bytes over 1000 keys. The engine
+path is what a worker does per event once it is decoded: `route`, then `evaluate` for each
+distinct key with that key's state. The baseline is `json.loads` of the same event texts. Goal
+from issue 4: the engine costs at most 3x decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from datetime import UTC, datetime, timedelta
+
+from orchestrator.events import CloudEvent
+from orchestrator.rules import engine
+from orchestrator.rules.engine import KeyState
+from orchestrator.rules.model import RuleSet
+from orchestrator.rules.parsing import Source, parse_files
+
+TYPES = 20
+RULES_PER_TYPE = 5
+KEYS = 1000
+GOAL = 3.0
+
+
+def rule_file() -> str:
+    lines = ["rules:"]
+    for t in range(TYPES):
+        for r in range(RULES_PER_TYPE):
+            lines += [
+                f"  - name: rule-{t}-{r}",
+                f"    on: {{type: com.example.signal{t}.v1, source: '/monitors/*',",
+                f"         where: 'event.data.score > {r * 0.2} && event.data.region != \"x\"'}}",
+                "    key: event.data.model_id",
+                "    window: 1h",
+                f"    count: {5 + r * 10}",
+                "    cooldown: 6h",
+            ]
+            if r % 2:
+                lines.append("    sum: {of: event.data.rows, at_least: 1000000}")
+            lines.append("    launch: {runtime: rt, base_model: m, dataset: 's3://d/${ key }'}")
+    return "\n".join(lines) + "\n"
+
+
+def event_texts(count: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not security
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    texts = []
+    for i in range(count):
+        event = {
+            "specversion": "1.0",
+            "id": f"evt-{i:08d}",
+            "source": f"/monitors/m{i % 7}",
+            "type": f"com.example.signal{rng.randrange(TYPES)}.v1",
+            "time": (start + timedelta(milliseconds=250 * i)).isoformat().replace("+00:00", "Z"),
+            "subject": f"model-{rng.randrange(KEYS)}",
+            "datacontenttype": "application/json",
+            "data": {
+                "model_id": f"model-{rng.randrange(KEYS)}",
+                "score": round(rng.random(), 4),
+                "rows": rng.randrange(10_000),
+                "region": "eu-west-1",
+                "metrics": {"psi": round(rng.random(), 4), "kl": round(rng.random(), 4)},
+                "note": "x" * 180,
+            },
+        }
+        texts.append(json.dumps(event))
+    return texts
+
+
+def to_event(data: dict[str, object]) -> CloudEvent:
+    return CloudEvent(
+        id=str(data["id"]),
+        source=str(data["source"]),
+        type=str(data["type"]),
+        subject=str(data["subject"]),
+        time=datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00")),
+        data=data["data"],
+    )
+
+
+class Driver:
+    """A worker's per-event path: route, then evaluate each distinct key with its state."""
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.rules = rules
+        self.states: dict[str, KeyState] = {}
+        self.records = 0
+
+    def feed(self, events: list[CloudEvent]) -> None:
+        rules, states = self.rules, self.states
+        for event in events:
+            assert event.time is not None
+            for key in dict.fromkeys(route.key for route in engine.route(rules, event)):
+                state, out = engine.evaluate(rules, states.get(key), event, key=key, now=event.time)
+                states[key] = state
+                self.records += len(out)
+
+
+def run(*, quick: bool) -> list[dict[str, object]]:
+    count = 10_000 if quick else 100_000
+    rules = parse_files([Source("bench.yaml", rule_file())])
+    texts = event_texts(count)
+    size = sum(len(t) for t in texts) / len(texts)
+
+    # Interleave batches of decoding and of engine work, so that load from other processes on
+    # a shared machine falls on both sides of the ratio alike.
+    driver = Driver(rules)
+    decode = spent = 0.0
+    batch = 1000
+    for start in range(0, count, batch):
+        chunk = texts[start : start + batch]
+        started = time.perf_counter()
+        decoded = [json.loads(text) for text in chunk]
+        decode += time.perf_counter() - started
+        events = [to_event(d) for d in decoded]
+        started = time.perf_counter()
+        driver.feed(events)
+        spent += time.perf_counter() - started
+    records = driver.records
+
+    ratio = spent / decode
+    return [
+        {
+            "benchmark": "engine",
+            "measure": f"route+evaluate, {len(rules.rules)} rules / {TYPES} types, "
+            f"{count:,} events of {size:.0f} B",
+            "value": count / spent,
+            "unit": "events/s",
+            "baseline": count / decode,
+            "ratio": ratio,
+            "goal": f"≤ {GOAL:g}x json.loads",
+            "notes": f"{records:,} decision records; baseline = json.loads of the same events"
+            + ("" if ratio <= GOAL else "; goal not met"),
+        }
+    ]
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m bench.engine`
+    for row in run(quick=True):
+        print(row)
