@@ -273,7 +273,7 @@ def test_the_broker_jvm_gets_a_small_heap_the_classpath_and_the_properties() -> 
         libs=Path("/c/libs"),
         properties=Path("/w/server.properties"),
         heap="512m",
-        class_archive="-XX:SharedArchiveFile=/c/broker.jsa",
+        class_archive=("-XX:SharedArchiveFile=/c/broker.jsa",),
     )
 
     assert command[0] == "/usr/bin/java"
