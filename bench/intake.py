@@ -80,6 +80,39 @@ async def _raw_rate(bootstrap: str, topic: str, count: int) -> float:
         await consumer.stop()
 
 
+async def _faust_noop_rate(bootstrap: str, topic: str, count: int) -> float:
+    """A faust agent that only counts raw records: the floor any faust intake stands on."""
+    import faust
+    from faust.contrib.asgi import faust_app_running
+
+    app = faust.App(
+        f"bench-faust-{uuid.uuid4().hex[:8]}",
+        broker=f"kafka://{bootstrap}",
+        store="memory://",
+        topic_partitions=1,
+        topic_replication_factor=1,
+        web_enabled=False,
+    )
+    source = app.topic(topic, key_serializer="raw", value_serializer="raw")
+    seen = 0
+    first = 0.0
+    done = asyncio.Event()
+
+    @app.agent(source)
+    async def count_records(stream: object) -> None:
+        nonlocal seen, first
+        async for _ in stream.events():  # type: ignore[attr-defined]
+            seen += 1
+            if seen == 1:
+                first = time.perf_counter()
+            if seen == count:
+                done.set()
+
+    async with faust_app_running(app, stop_timeout=30):
+        await asyncio.wait_for(done.wait(), timeout=600)
+        return (count - 1) / (time.perf_counter() - first)
+
+
 def _admit_rate(count: int) -> float:
     """The intake's own CPU work per record (decode, rules, schema, age), no Kafka at all."""
     from handlers.codec import KafkaRecord
@@ -162,6 +195,7 @@ async def _measure(bootstrap: str, count: int) -> list[dict[str, object]]:
         admin.close()
     await _produce(bootstrap, topic, count)
     raw = await _raw_rate(bootstrap, topic, count)
+    floor = await _faust_noop_rate(bootstrap, topic, count)
     rate, notes = await _intake_rate(bootstrap, topic, count)
     admitted = _admit_rate(count)
     return [
@@ -174,6 +208,16 @@ async def _measure(bootstrap: str, count: int) -> list[dict[str, object]]:
             "ratio": rate / raw,
             "goal": f">= {GOAL}x raw aiokafka consume",
             "notes": f"baseline: raw AIOKafkaConsumer, same topic; {notes}",
+        },
+        {
+            "benchmark": "intake",
+            "measure": f"events/s of a no-op faust agent on the same topic (N={count})",
+            "value": floor,
+            "unit": "events/s",
+            "baseline": raw,
+            "ratio": floor / raw,
+            "goal": "context: faust's own per-event cost",
+            "notes": "the ceiling of any per-event faust intake on this machine",
         },
         {
             "benchmark": "intake",

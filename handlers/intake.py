@@ -456,3 +456,12 @@ def _unforward(message: Any) -> tuple[KafkaRecord, RecordInfo, int]:
     )
     record = KafkaRecord(value=message.value, headers=original, key=key)
     return record, origin, int(block["tuneloop-forward-index"])
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m handlers.intake worker -l info`
+    # A stand-alone intake that only logs what passes: for trying producers against the rules
+    # of the wire format before the rule engine is wired (`handlers/app.py` does that).
+    async def _log_event(key: str, event: CloudEvent, info: RecordInfo) -> None:
+        log.info("event_accepted", key=key, event_id=event.id, type=event.type, topic=info.topic)
+
+    make_intake_app(Settings.from_env(), sink=_log_event).main()
