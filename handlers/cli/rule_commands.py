@@ -25,7 +25,7 @@ from orchestrator.rules import loading
 from orchestrator.rules.durations import DurationError, parse_duration
 from orchestrator.rules.model import RuleSet
 from orchestrator.rules.parsing import RuleFileError
-from orchestrator.rules.simulation import simulate
+from orchestrator.rules.simulation import Simulation, simulate
 from orchestrator.rules.state import event_from_json
 
 
@@ -87,8 +87,14 @@ def _duration_option(text: str) -> timedelta:
 
 
 def _run(rules: RuleSet, events: Path, assume_duration: str) -> tuple[DecisionRecord, ...]:
-    duration = _duration_option(assume_duration)
-    return simulate(rules, list(_read_events(events)), assume_duration=duration)
+    run = Simulation(rules, assume_duration=_duration_option(assume_duration))
+    for event in _read_events(events):
+        try:
+            run.feed(event)
+        except ValueError as exc:  # an event without time before any event set the clock
+            typer.echo(f"{events}: skipped event {event.id!r}: {exc}", err=True)
+    run.finish()
+    return tuple(run.records)
 
 
 def simulate_command(

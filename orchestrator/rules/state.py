@@ -224,9 +224,21 @@ class KeyState:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KeyState:
-        """Raises ValueError for a state written by an incompatible version."""
-        if data.get("format") != STATE_FORMAT:
-            raise ValueError(f"unknown key state format {data.get('format')!r}")
+        """The inverse of `to_json`.
+
+        Raises:
+            ValueError: the data is not a key state this version wrote.
+        """
+        if not isinstance(data, Mapping) or data.get("format") != STATE_FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"unknown key state format {found!r}")
+        try:
+            return cls._from_json(data)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"malformed key state: {exc!r}") from exc
+
+    @classmethod
+    def _from_json(cls, data: Mapping[str, Any]) -> KeyState:
         return cls(
             horizon=_parse(data.get("horizon")),
             buffer=tuple(

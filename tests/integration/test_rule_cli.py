@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -117,3 +118,30 @@ def test_rule_tests_as_data_pass_and_a_wrong_expectation_fails(tmp_path):
     assert failed.exit_code == 1
     assert "FAIL" in failed.output
     assert "expected 'launch', got 'accumulate'" in failed.output
+
+
+def test_simulate_reports_a_missing_events_file_and_exits_1(tmp_path):
+    result = runner.invoke(
+        app, ["simulate", "--rules", RULES, "--events", str(tmp_path / "nope.jsonl")]
+    )
+    assert result.exit_code == 1
+    assert "cannot read" in result.stderr
+
+
+def test_simulate_skips_an_untimed_event_that_comes_before_any_clock(tmp_path):
+    events = tmp_path / "events.jsonl"
+    events.write_text(
+        '{"specversion": "1.0", "id": "x", "source": "/monitors/a",'
+        ' "type": "io.tuneloop.drift.detected.v1", "data": {"model_id": "m"}}\n'
+    )
+    result = runner.invoke(app, ["simulate", "--rules", RULES, "--events", str(events)])
+    assert result.exit_code == 0
+    assert "skipped event 'x'" in result.stderr
+
+
+def test_check_refuses_a_bad_rule_even_among_good_files(tmp_path):
+    (tmp_path / "good.yaml").write_text(Path(RULES).read_text())
+    (tmp_path / "more.yaml").write_text("rules:\n  - name: chat-drift-retrain\n")
+    result = runner.invoke(app, ["check", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"{tmp_path}/more.yaml:2:5: every rule needs `on:`" in result.output

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.naming import is_valid_job_name
 from orchestrator.ledger import DecisionRecord, Outcome, Reason
@@ -370,3 +372,9 @@ def test_simulate_finishes_jobs_after_the_assumed_duration():
         ("suppress", "concurrency"),
         ("launch", None),
     ]
+
+
+def test_a_key_state_from_elsewhere_is_refused_with_a_clear_error():
+    for bad in ({"format": 99}, {"format": 1, "rules": {"r": {"entries": [[1]]}}}, []):
+        with pytest.raises(ValueError, match="key state"):
+            KeyState.from_json(bad)
