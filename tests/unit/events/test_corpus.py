@@ -49,3 +49,46 @@ def test_good_records_of_both_modes_are_admitted() -> None:
     for value, headers in good_records(6):
         (event,) = admit_record(value, headers)
         assert event.data["model_id"] == "chat"
+
+
+def test_an_unknown_type_passes_only_where_a_rule_accepts_it() -> None:
+    record = KafkaRecord(
+        value=b'{"anything": 1}',
+        headers=(
+            ("ce_specversion", b"1.0"),
+            ("ce_id", b"1"),
+            ("ce_source", b"/s"),
+            ("ce_type", b"com.example.custom"),
+        ),
+    )
+    (event,) = admit(
+        record,
+        arrived_at=NOW,
+        now=NOW,
+        registry=REGISTRY,
+        accepts_unknown_type=lambda event_type: event_type == "com.example.custom",
+        max_event_bytes=LIMIT,
+        max_age=None,
+    )
+    assert event.data == {"anything": 1}
+
+
+def test_without_a_time_attribute_the_age_is_the_record_timestamp() -> None:
+    headers = (
+        ("ce_specversion", b"1.0"),
+        ("ce_id", b"1"),
+        ("ce_source", b"/s"),
+        ("ce_type", b"io.tuneloop.data.arrived.v1"),
+    )
+    record = KafkaRecord(value=b'{"dataset_id": "d", "uri": "s3://d", "rows": 1}', headers=headers)
+    with pytest.raises(InvalidEventError) as caught:
+        admit(
+            record,
+            arrived_at=NOW - timedelta(days=3),
+            now=NOW,
+            registry=REGISTRY,
+            accepts_unknown_type=refuse_unknown_types,
+            max_event_bytes=LIMIT,
+            max_age=timedelta(hours=24),
+        )
+    assert caught.value.code == "event.too_old"
