@@ -175,6 +175,13 @@ class CompletionPublisher:
         )
         await self._store.save(CompletionRecord(job=request.name, context=context))
 
+    async def announced_final(self, job: str) -> bool:
+        """Whether `finetune.completed` or `.failed` went out for *job* (safe to forget it)."""
+        record = await self._store.load(job)
+        return record is not None and (
+            Milestone.COMPLETED in record.announced or Milestone.FAILED in record.announced
+        )
+
     async def announce_rejection(
         self,
         request: TrainingRequest,

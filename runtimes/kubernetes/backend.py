@@ -172,6 +172,14 @@ def phase_of(
     return JobPhase.PENDING, None, None
 
 
+def _finished_at(obj: Mapping[str, Any]) -> datetime | None:
+    """When the TrainJob reached `Complete` or `Failed`, None if it has not."""
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return results.parse_timestamp(condition.get("lastTransitionTime"))
+    return None
+
+
 class _ResourceVersionGoneError(Exception):
     """The watch's resourceVersion is too old (410): list again."""
 
@@ -416,6 +424,45 @@ class KubernetesBackend:
                 else "the TrainJob was deleted before it finished"
             ),
         )
+
+    # --- garbage collection -------------------------------------------------------------
+
+    async def remove_finished(
+        self, *, finished_before: datetime, announced: Callable[[str], Awaitable[bool]]
+    ) -> tuple[str, ...]:
+        """Delete our TrainJobs that finished before *finished_before* and whose outcome was
+        announced; return their names.
+
+        The Trainer keeps finished TrainJobs (and their JobSets) forever (no TTL yet,
+        kubeflow/trainer#4052). *announced* (e.g. `CompletionPublisher.announced_final`) guards
+        the one thing deletion must not do: remove a job before its completion event went out.
+        """
+        _, items = await self._list()
+        removed: list[str] = []
+        for obj in items:
+            name = obj["metadata"]["name"]
+            finished_at = _finished_at(obj)
+            if finished_at is None or finished_at >= finished_before:
+                continue
+            if not await announced(name):
+                continue
+            try:
+                await self._call(
+                    self._api.delete_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    manifests.PLURAL,
+                    name,
+                    propagation_policy="Background",
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise translate(exc, doing=f"delete TrainJob {name}") from exc
+            removed.append(name)
+        if removed:
+            log.info("finished_jobs_removed", count=len(removed))
+        return tuple(removed)
 
     async def context_of(self, job: JobRef) -> JobContext | None:
         """Provenance of *job* from its annotations: `CompletionPublisher(recover_context=)`."""

@@ -9,6 +9,7 @@ is real is every TrainJob, watch, 409 and 410.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from kubernetes import client
@@ -290,3 +291,26 @@ async def test_an_unreachable_api_server_is_a_transient_error_after_retries(
         finally:
             kube_api.server.start()
     assert sleeps == [0.1, 0.2]  # exponential backoff between the three attempts
+
+
+async def test_finished_and_announced_jobs_are_removed_and_nothing_else(
+    objects, settings, controller, k8s_namespace
+):
+    store, events = InMemoryCompletionStore(), RecordingPublisher()
+    backend, completion = orchestrator(objects, settings, store, events)
+    jobs = {name: request(name, RUNTIME) for name in ("ft-gc-done", "ft-gc-quiet", "ft-gc-live")}
+    for job in jobs.values():
+        await completion.record_launch(job)
+        await backend.launch(job)
+    await controller.move(backend._ref("ft-gc-done"), JobPhase.SUCCEEDED, result=JobResult())
+    await controller.move(backend._ref("ft-gc-quiet"), JobPhase.FAILED, reason="FailedJobs")
+    stream = aiter(backend.observe())
+    await pump(stream, completion, "ft-gc-done", JobPhase.SUCCEEDED)  # announced
+    await stream.aclose()  # ft-gc-quiet failed, but its event has not gone out yet
+
+    removed = await backend.remove_finished(
+        finished_before=datetime.now(UTC) + timedelta(minutes=1),
+        announced=completion.announced_final,
+    )
+    assert removed == ("ft-gc-done",)
+    assert trainjob_names(objects, k8s_namespace) == ["ft-gc-live", "ft-gc-quiet"]

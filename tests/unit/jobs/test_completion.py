@@ -167,3 +167,13 @@ async def test_a_rejected_launch_is_announced_failed_once(store, events):
     assert failed.data["reason"] == "RuntimeNotFound"
     assert "gpu-xl" in failed.data["message"]
     assert failed.extensions["correlationid"] == "d-1"
+
+
+async def test_a_job_is_announced_final_only_after_its_completion_went_out(store, events):
+    completion = publisher_on(store, events)
+    await completion.record_launch(REQUEST)
+    await completion.handle(seen(JobPhase.RUNNING))
+    assert not await completion.announced_final("ft-abc")
+    await completion.handle(seen(JobPhase.SUCCEEDED, 1))
+    assert await completion.announced_final("ft-abc")
+    assert not await completion.announced_final("never-launched")
