@@ -274,7 +274,7 @@ def observe(
         rule_state, more = _attempt(decider, rule_state, at=at, event=pending.event)
         records += more
     state = _with_rule(state, observation.rule, rule_state)
-    state, more_records = _advance(rules, state, key, now)
+    state, more_records = _advance(rules, state, key, now, changed=observation.rule)
     return state, (*records, *more_records)
 
 
@@ -304,8 +304,12 @@ def _advance(
     key: str,
     now: datetime,
     fresh: tuple[Buffered, CloudEvent] | None = None,
+    changed: str | None = None,
 ) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
-    """Process held events due by *now* in event-time order, with timers in between."""
+    """Process held events due by *now* in event-time order, with timers in between.
+
+    *changed* names a rule whose state the caller changed without a record (a job ended).
+    """
     cutoff = now - rules.allowed_lateness
     records: list[DecisionRecord] = []
     timers_due = bool(state.wakeups) and now >= state.wakeups[0]
@@ -325,7 +329,7 @@ def _advance(
         state = KeyState(horizon, state.buffer, state.rules, state.wakeups)
     if timers_due or released:
         state = _fire_timers(rules, state, key=key, until=cutoff, records=records, inclusive=True)
-    touched = None if timers_due else {r.rule for r in records}
+    touched = None if timers_due else {r.rule for r in records} | ({changed} if changed else set())
     state = _prune(rules, state, now=now, touched=touched)
     return state, tuple(records)
 

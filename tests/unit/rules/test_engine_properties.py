@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from datetime import timedelta
+import json
+from datetime import datetime, timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.events import CloudEvent
 from orchestrator.ledger import Outcome
+from orchestrator.rules import engine
+from orchestrator.rules.engine import KeyState
 from orchestrator.rules.simulation import simulate
 from tests.unit.rules.builders import drift, one_rule
 
@@ -76,3 +79,45 @@ def test_shuffled_arrival_within_lateness_gives_the_same_launches(values, random
         return [(r.time, r.event_ids) for r in records if r.outcome is Outcome.LAUNCH]
 
     assert launches(shuffled) == launches(ordered)
+
+
+@settings(max_examples=40, deadline=None)
+@given(minutes, st.integers(min_value=0, max_value=24))
+def test_a_restart_from_the_stored_state_changes_no_decision(values, cut):
+    """State goes through JSON (the faust changelog) at an arbitrary point: same records."""
+    events = events_at(sorted(values))
+    cut = min(cut, len(events))
+
+    def run(restart: bool) -> list[object]:
+        state, records = None, []
+        for index, event in enumerate(events):
+            if restart and index == cut and state is not None:
+                state = KeyState.from_json(json.loads(json.dumps(state.to_json())))
+            assert event.time is not None
+            state, out = engine.evaluate(RULES, state, event, key="m1", now=event.time)
+            records += out
+        return records
+
+    assert run(restart=True) == run(restart=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(minutes)
+def test_state_is_bounded_once_time_moves_on(values):
+    state = None
+    for event in events_at(sorted(values)):
+        assert event.time is not None
+        state, _ = engine.evaluate(RULES, state, event, key="m1", now=event.time)
+    assert state is not None
+    later = drift(0, max(values) + 2 * 24 * 60).time or datetime.min
+    state, _ = engine.tick(RULES, state, key="m1", now=later)
+    # What is left is at most the job still running (its end has not been observed).
+    for rule_state in state.rules.values():
+        assert rule_state.running is not None
+        assert not (rule_state.entries or rule_state.joined or rule_state.seen)
+        assert not (rule_state.pending or rule_state.launches)
+        finished = engine.JobFinished("r", "m1", rule_state.running, True, later)
+        state, _ = engine.observe(RULES, state, finished, key="m1", now=later)
+    state, _ = engine.tick(RULES, state, key="m1", now=later + timedelta(minutes=1))
+    assert state.rules == {}
+    assert state.buffer == ()
