@@ -1,6 +1,6 @@
 """Training jobs as local processes: `LocalProcessBackend` (backend.py) and the supervisor that
-records how each trainer ended (supervisor.py)."""
+records how each trainer ended (supervisor.py).
 
-from runtimes.localprocess.backend import LocalProcessBackend
-
-__all__ = ["LocalProcessBackend"]
+Nothing is imported here, so that `python -m runtimes.localprocess.supervisor` starts without
+loading the backend first.
+"""

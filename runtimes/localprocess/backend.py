@@ -5,6 +5,7 @@ work directory `<root>/<job name>/` that holds everything needed to find it agai
 
     request.json     the TrainingRequest, as launched
     config.json      the resolved TrainerConfig (the trainer reads it)
+    launched.json    written just before the supervisor is spawned: never start it again
     started.json     written by the supervisor once the trainer runs
     stdout.log       the trainer's JSON progress lines (parsed into Observations)
     exit.json        how the trainer ended (supervisor)
@@ -31,6 +32,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,8 @@ from runtimes.trainer.config import ProgressMode, TrainerConfig
 
 BACKEND_NAME = "local"
 REPORTED_MARKER = "reported"
+SUPERVISOR_START_GRACE = 60.0
+"""Seconds a launched job may take to write started.json before it counts as lost."""
 TRAINER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "runtimes.trainer")
 
 
@@ -62,9 +66,11 @@ class _Job:
     sequence: int
     phase: JobPhase | None = None
     """The last phase reported to consumers by this instance."""
-    process: asyncio.subprocess.Process | None = None
+    launched: bool = False
+    """This instance started the supervisor (it may not have written started.json yet)."""
     stdout_offset: int = 0
     final_emitted: bool = False
+    cancel_signalled: bool = False
 
     @property
     def ref(self) -> JobRef:
@@ -153,25 +159,37 @@ class LocalProcessBackend:
             if known is None or known.final_emitted or known.has("exit.json"):
                 return
             (known.directory / CANCEL_MARKER).write_text("cancel\n")
-            started = _read_json(known.directory / "started.json")
-            if started is None:
+            if not known.launched and not known.has("launched.json"):
                 # Never started: record the end ourselves; the pump reports it.
                 write_json_atomically(
                     known.directory / "exit.json",
                     {"returncode": None, "cancelled": True, "finished_at": None},
                 )
                 return
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(started["supervisor_pid"]), signal.SIGTERM)
+            self._signal_cancel(known)
+
+    def _signal_cancel(self, job: _Job) -> None:
+        """SIGTERM the supervisor once it runs (it forwards it to the trainer). A job still
+        being launched sees the marker itself, or the pump signals it once started.json
+        appears."""
+        started = _read_json(job.directory / "started.json")
+        if started is None or job.cancel_signalled:
+            return
+        job.cancel_signalled = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(started["supervisor_pid"]), signal.SIGTERM)
 
     async def observe(self) -> AsyncIterator[Observation]:
         await self._ensure_started()
         while True:
             job, observation = await self._queue.get()
-            yield observation
-            if observation.phase.is_final:
-                # The consumer has taken it: a later instance must not report it again.
-                (job.directory / REPORTED_MARKER).write_text("reported\n")
+            try:
+                yield observation
+            finally:
+                # Delivered once the consumer asks for the next one or closes the iterator:
+                # at least once, and a later instance never reports it again.
+                if observation.phase.is_final:
+                    (job.directory / REPORTED_MARKER).write_text("reported\n")
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -245,7 +263,7 @@ class LocalProcessBackend:
             job
             for job in self._jobs.values()
             if not job.final_emitted
-            and (job.process is not None or job.has("started.json"))
+            and (job.launched or job.has("launched.json"))
             and not job.has("exit.json")
         ]
 
@@ -255,9 +273,9 @@ class LocalProcessBackend:
             (
                 job
                 for job in self._jobs.values()
-                if job.process is None
+                if not job.launched
                 and not job.final_emitted
-                and not job.has("started.json")
+                and not job.has("launched.json")
                 and not job.has("exit.json")
             ),
             key=lambda j: j.sequence,
@@ -283,24 +301,29 @@ class LocalProcessBackend:
             part for part in (project_root, environment.get("PYTHONPATH")) if part
         )
         environment.setdefault("PYTHONUNBUFFERED", "1")
+        # Written before the spawn: a later instance must never start this job again.
+        write_json_atomically(job.directory / "launched.json", {"at": time.time()})
+        job.launched = True
         try:
-            job.process = await asyncio.create_subprocess_exec(
+            launcher = await asyncio.create_subprocess_exec(
                 *command,
                 cwd=job.directory,
                 env=environment,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
             )
+            # The launcher forks the supervisor off and exits at once (see supervisor.py).
+            returncode = await launcher.wait()
         except OSError as exc:
+            returncode, error = None, f"cannot start the supervisor: {exc}"
+        else:
+            error = f"the supervisor launcher exited with {returncode}"
+        if returncode != 0:
             write_json_atomically(
                 job.directory / "exit.json",
-                {"returncode": None, "cancelled": False, "error": f"cannot start: {exc}"},
+                {"returncode": None, "cancelled": False, "error": error},
             )
-            return
-        # Reap the supervisor when it ends so it never lingers as a zombie.
-        asyncio.get_running_loop().create_task(job.process.wait())
 
     def _poll(self, job: _Job) -> None:
         if job.final_emitted:
@@ -308,23 +331,34 @@ class LocalProcessBackend:
         started = job.has("started.json")
         if started and job.phase in (None, JobPhase.PENDING):
             self._emit(job, JobPhase.RUNNING, reason="Started")
+        if started and job.has(CANCEL_MARKER):
+            self._signal_cancel(job)
         for line in self._new_lines(job):
             self._on_line(job, line)
         exit_info = _read_json(job.directory / "exit.json")
-        if exit_info is None and started and job.process is None:
-            exit_info = self._check_adopted(job)
+        if exit_info is None:
+            exit_info = self._check_supervisor(job)
         if exit_info is not None:
             self._finish(job, exit_info)
 
-    def _check_adopted(self, job: _Job) -> dict[str, Any] | None:
-        """A job started by an earlier instance: is its supervisor still alive?"""
-        started = _read_json(job.directory / "started.json") or {}
-        pid = int(started.get("supervisor_pid", 0))
-        if pid and _alive(pid):
-            return None
-        if job.has("exit.json"):  # it finished between our two looks
-            return _read_json(job.directory / "exit.json")
-        lost = {"returncode": None, "cancelled": False, "error": "supervisor lost"}
+    def _check_supervisor(self, job: _Job) -> dict[str, Any] | None:
+        """Is the supervisor of a launched, unfinished job still there? If not, the job is
+        lost: record that (it is never relaunched)."""
+        started = _read_json(job.directory / "started.json")
+        if started is None:
+            launched = _read_json(job.directory / "launched.json")
+            if launched is None or time.time() - float(launched["at"]) < SUPERVISOR_START_GRACE:
+                return None
+            error = "the supervisor never started the trainer"
+        else:
+            pid = int(started.get("supervisor_pid", 0))
+            if pid and _alive(pid):
+                return None
+            exit_info = _read_json(job.directory / "exit.json")
+            if exit_info is not None:  # it finished between our two looks
+                return exit_info
+            error = "the supervisor died without recording the trainer's exit"
+        lost = {"returncode": None, "cancelled": False, "error": error}
         write_json_atomically(job.directory / "exit.json", lost)
         return lost
 

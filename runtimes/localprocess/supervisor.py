@@ -1,9 +1,10 @@
 """`python -m runtimes.localprocess.supervisor JOB_DIR -- COMMAND...`: runs one trainer and
 records how it ended, even when the orchestrator that launched it is gone.
 
-`LocalProcessBackend` starts this small process (no torch import; it costs milliseconds) in
-its own session, so a crash or restart of the orchestrator does not take the training down.
-It writes into the job directory:
+`LocalProcessBackend` starts this small process (no torch import; it costs milliseconds); it
+forks, the first process exits at once, and the second runs on in its own session, so a
+crash or restart of the orchestrator does not take the training down and the orchestrator
+keeps no child handles. It writes into the job directory:
 
     started.json   {"supervisor_pid", "trainer_pid", "started_at"}  once the trainer runs
     stdout.log     the trainer's stdout (its JSON progress lines)
@@ -47,6 +48,12 @@ def supervise(job_dir: Path, command: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    if (job_dir / CANCEL_MARKER).exists():  # cancelled while it was being launched
+        write_json_atomically(
+            job_dir / "exit.json",
+            {"returncode": None, "cancelled": True, "finished_at": time.time()},
+        )
+        return 0
     with (job_dir / "stdout.log").open("ab") as out, (job_dir / "stderr.log").open("ab") as err:
         child = subprocess.Popen(command, stdout=out, stderr=err, cwd=job_dir)
         write_json_atomically(
@@ -71,7 +78,13 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    return supervise(Path(argv[0]), argv[2:])
+    job_dir, command = Path(argv[0]), argv[2:]
+    # Detach: the launching backend reaps this process at once, and the supervisor that goes
+    # on (in its own session, a child of init) survives the backend's crash or restart.
+    if os.fork() != 0:
+        return 0
+    os.setsid()
+    return supervise(job_dir, command)
 
 
 if __name__ == "__main__":
