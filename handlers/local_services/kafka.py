@@ -28,7 +28,9 @@ import base64
 import contextlib
 import enum
 import fcntl
+import functools
 import os
+import random
 import re
 import shutil
 import signal
@@ -39,7 +41,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -173,8 +175,10 @@ def _resolve_with_maven(version: str, home: Path, *, cache: Path, timeout: float
     if not POM_PATH.is_file():
         raise KafkaUnavailableError(f"{POM_PATH} is missing; it lists the broker's jars")
     m2 = cache / "m2"
+    # The caller holds the version's lock, so any scratch folder here is an interrupted run's.
+    for stale in home.glob("libs.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     scratch = home / f"libs.partial-{os.getpid()}"
-    shutil.rmtree(scratch, ignore_errors=True)
     maven_log = home / "maven.log"
     command = [
         mvn,
@@ -193,23 +197,29 @@ def _resolve_with_maven(version: str, home: Path, *, cache: Path, timeout: float
     )
     started = time.monotonic()
     with maven_log.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        # Maven runs quiet; a line every few seconds shows that the download moves.
-        while True:
-            try:
-                process.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                elapsed = time.monotonic() - started
-                if elapsed > timeout:
-                    process.kill()
-                    process.wait()
-                    raise KafkaUnavailableError(
-                        f"Maven did not resolve Kafka {version} within {timeout:.0f} s; "
-                        f"see {maven_log}"
-                    ) from None
-                size = _folder_megabytes(m2) if m2.exists() else 0.0
-                _say(f"  ... {elapsed:4.0f} s, Maven repository at {size:.0f} MB")
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            # Maven runs quiet; a line every few seconds shows that the download moves.
+            while True:
+                try:
+                    process.wait(timeout=5)
+                    break
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - started
+                    if elapsed > timeout:
+                        raise KafkaUnavailableError(
+                            f"Maven did not resolve Kafka {version} within {timeout:.0f} s; "
+                            f"see {maven_log}"
+                        ) from None
+                    size = _folder_megabytes(m2) if m2.exists() else 0.0
+                    _say(f"  ... {elapsed:4.0f} s, Maven repository at {size:.0f} MB")
+        except BaseException:
+            process.kill()
+            process.wait()
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
     if process.returncode != 0:
         shutil.rmtree(scratch, ignore_errors=True)
         tail = "\n".join(maven_log.read_text(errors="replace").splitlines()[-20:])
@@ -342,10 +352,37 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-def _free_ports(count: int) -> tuple[int, ...]:
-    sockets = []
+def _ephemeral_port_range() -> tuple[int, int]:
     try:
-        for _ in range(count):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_ports(count: int, *, attempts: int = 200) -> tuple[int, ...]:
+    """*count* distinct free TCP ports on 127.0.0.1, below the kernel's ephemeral range.
+
+    A port from the ephemeral range could be taken as the source port of some client's
+    outgoing connection while the broker is down for a restart, and the broker could then
+    not listen on it again. Below that range only listeners take ports.
+    """
+    low, _ = _ephemeral_port_range()
+    pool_start = 10_000 if low > 11_000 else 1_024
+    chooser = random.SystemRandom()
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(attempts):
+            if len(sockets) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", chooser.randrange(pool_start, low)))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+        while len(sockets) < count:  # a crowded range: let the kernel pick
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", 0))
             sockets.append(sock)
@@ -393,8 +430,9 @@ class LocalKafka:
         self.heap = heap
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
-        self.port, self.controller_port = _free_ports(2)
+        self.port, self.controller_port = free_ports(2)
         self._process: subprocess.Popen[bytes] | None = None
+        self._kill_at_exit: Callable[[], None] | None = None
         self._formatted = False
         self._recording_archive: Path | None = None
         self.use_class_archive = use_class_archive
@@ -455,7 +493,9 @@ class LocalKafka:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        atexit.register(self._kill_at_exit, self._process)
+        # A run that dies without its finalizers must not leave a JVM holding the ports.
+        self._kill_at_exit = functools.partial(_kill_process_group, self._process)
+        atexit.register(self._kill_at_exit)
         try:
             self._wait_until_ready(log_offset, deadline=started + self.start_timeout)
         except BaseException:
@@ -469,7 +509,13 @@ class LocalKafka:
         self._signal_and_wait(signal.SIGTERM, self.stop_timeout)
 
     def kill(self) -> None:
-        """Crash the broker (SIGKILL to its process group): no controlled shutdown, no flush."""
+        """Crash the broker (SIGKILL to its process group): no controlled shutdown, no flush.
+
+        The next start takes about 9 s longer: the controller refuses the new incarnation
+        (DUPLICATE_BROKER_REGISTRATION) until the crashed one's session expires
+        (`broker.session.timeout.ms`, left at its default so a busy machine never fences a
+        live broker).
+        """
         self._signal_and_wait(signal.SIGKILL, self.stop_timeout)
 
     def restart(self, *, graceful: bool = True) -> Self:
@@ -510,6 +556,7 @@ class LocalKafka:
             return ()
         if self.class_archive_path.is_file():
             return (f"-XX:SharedArchiveFile={self.class_archive_path}",)
+        _remove_abandoned_recordings(self.libs.parent)
         self._recording_archive = self.libs.parent / f"broker.jsa.partial-{os.getpid()}-{self.port}"
         # Recording lists every class it cannot archive, hundreds of lines at exit: silenced.
         return (f"-XX:ArchiveClassesAtExit={self._recording_archive}", "-Xlog:cds*=off")
@@ -519,11 +566,11 @@ class LocalKafka:
             return (f"-XX:SharedArchiveFile={self.class_archive_path}",)
         return ()
 
-    def _keep_class_archive(self, *, graceful: bool) -> None:
+    def _keep_class_archive(self, *, complete: bool) -> None:
         recording, self._recording_archive = self._recording_archive, None
         if recording is None:
             return
-        if graceful and recording.is_file() and recording.stat().st_size > 0:
+        if complete and recording.is_file() and recording.stat().st_size > 0:
             recording.replace(self.class_archive_path)
         else:
             # A killed JVM may have left half an archive: never let it be used.
@@ -598,28 +645,41 @@ class LocalKafka:
         process = self._process
         if process is None:
             return
+        exited_on_its_own = signum != signal.SIGKILL
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signum)
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
+                exited_on_its_own = False
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         # The JVM may have left children in its group (it normally has none); reap them too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        atexit.unregister(self._kill_at_exit)
+        _kill_process_group(process)
+        if self._kill_at_exit is not None:
+            atexit.unregister(self._kill_at_exit)
+            self._kill_at_exit = None
         self._process = None
-        self._keep_class_archive(graceful=signum == signal.SIGTERM)
+        self._keep_class_archive(complete=exited_on_its_own)
 
-    @staticmethod
-    def _kill_at_exit(process: subprocess.Popen[bytes]) -> None:
-        # A test run that dies without its finalizers must not leave a JVM holding ports.
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+
+def _kill_process_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _remove_abandoned_recordings(folder: Path) -> None:
+    """Delete archive recordings (~45 MB each) whose recording process no longer exists."""
+    for recording in folder.glob("broker.jsa.partial-*"):
+        pid = recording.name.removeprefix("broker.jsa.partial-").split("-", 1)[0]
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            recording.unlink(missing_ok=True)
+        except PermissionError:
+            continue  # alive, somebody else's
 
 
 def broker_command(

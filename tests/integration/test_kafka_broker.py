@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import faust
 import pytest
 from faust.contrib.asgi import faust_app_running
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from handlers.local_services.kafka import LocalKafka
+from handlers.local_services.kafka import BrokerKind, LocalKafka, kafka_for_tests
 from tests.fixtures.kafka import TopicFactory
 
 pytestmark = pytest.mark.kafka
@@ -134,14 +135,15 @@ def test_read_committed_sees_committed_transactions_and_never_aborted_ones(
         uncommitted_reader.close()
 
 
+@pytest.mark.parametrize("graceful", [True, False], ids=["stopped", "killed"])
 def test_a_restarted_broker_keeps_its_records_and_its_address(
-    kafka_broker: LocalKafka, new_topic: TopicFactory
+    kafka_broker: LocalKafka, new_topic: TopicFactory, graceful: bool
 ) -> None:
     topic = new_topic("restart")
     bootstrap = kafka_broker.bootstrap
     _produce(bootstrap, topic, [b"before"])
 
-    kafka_broker.restart()
+    kafka_broker.restart(graceful=graceful)
 
     assert kafka_broker.bootstrap == bootstrap
     _produce(bootstrap, topic, [b"after"])
@@ -150,6 +152,18 @@ def test_a_restarted_broker_keeps_its_records_and_its_address(
         assert _consume(consumer, count=2) == [b"before", b"after"]
     finally:
         consumer.close()
+
+
+def test_an_external_bootstrap_is_used_as_given_and_nothing_is_started(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNELOOP_KAFKA_BOOTSTRAP", kafka_bootstrap)
+
+    with kafka_for_tests(tmp_path) as endpoint:
+        assert endpoint.kind is BrokerKind.EXTERNAL
+        assert endpoint.bootstrap == kafka_bootstrap
+        assert endpoint.broker is None
+    assert not any(tmp_path.iterdir())
 
 
 async def test_a_faust_agent_round_trip_goes_through_the_broker(

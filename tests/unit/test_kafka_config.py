@@ -302,3 +302,12 @@ def test_docker_can_be_ruled_out_without_asking_it(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("TUNELOOP_KAFKA_DOCKER", "0")
 
     assert kafka.docker_answers() is False
+
+
+def test_broker_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+
+    ports = kafka.free_ports(2)
+
+    assert len(set(ports)) == 2
+    assert all(port < low for port in ports)
