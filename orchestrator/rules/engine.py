@@ -303,6 +303,7 @@ def _advance(
     state: KeyState,
     key: str,
     now: datetime,
+    *,
     fresh: tuple[Buffered, CloudEvent] | None = None,
     changed: str | None = None,
 ) -> tuple[KeyState, tuple[DecisionRecord, ...]]:

@@ -114,8 +114,11 @@ def test_state_is_bounded_once_time_moves_on(values):
     # What is left is at most the job still running (its end has not been observed).
     for rule_state in state.rules.values():
         assert rule_state.running is not None
-        assert not (rule_state.entries or rule_state.joined or rule_state.seen)
-        assert not (rule_state.pending or rule_state.launches)
+        assert not rule_state.entries
+        assert not rule_state.joined
+        assert not rule_state.seen
+        assert not rule_state.pending
+        assert not rule_state.launches
         finished = engine.JobFinished("r", "m1", rule_state.running, True, later)
         state, _ = engine.observe(RULES, state, finished, key="m1", now=later)
     state, _ = engine.tick(RULES, state, key="m1", now=later + timedelta(minutes=1))
