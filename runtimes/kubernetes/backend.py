@@ -394,10 +394,19 @@ class KubernetesBackend:
         trainer_status = (obj.get("status") or {}).get("trainerStatus") or {}
         if "progressPercentage" in trainer_status:
             progress["percent"] = trainer_status["progressPercentage"]
+        # A job that finished while nobody watched finished then, not when we noticed. The
+        # condition's time has whole seconds only, so a fresh one would read as slightly in
+        # the past (and durations as negative): use it only when it is clearly older.
+        finished_at = _finished_at(obj) if phase.is_final else None
+        at = (
+            finished_at
+            if finished_at is not None and (now - finished_at).total_seconds() > 1
+            else now
+        )
         return Observation(
             job=self._ref(name),
             phase=phase,
-            at=now,
+            at=at,
             reason=reason,
             message=message,
             result=result,

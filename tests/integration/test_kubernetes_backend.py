@@ -90,6 +90,7 @@ async def test_watcher_restart_mid_job_announces_started_and_completed_once(
     await stream.aclose()  # the orchestrator stops mid-job
 
     await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult(metrics={"train_loss": 0.7}))
+    await asyncio.sleep(2)  # the orchestrator comes back a while after the job finished
 
     backend, completion = orchestrator(objects, settings, store, events)  # a new process
     stream = aiter(backend.observe())
@@ -106,6 +107,12 @@ async def test_watcher_restart_mid_job_announces_started_and_completed_once(
     assert completed.data["metrics"] == {"train_loss": 0.7}
     assert completed.data["adapter_uri"] == f"file:///var/lib/tuneloop/adapters/{job.name}"
     assert completed.data["runtime"] == RUNTIME
+    status = objects.get_namespaced_custom_object_status(
+        GROUP, VERSION, ref.namespace, manifests.PLURAL, job.name
+    )
+    (condition,) = status["status"]["conditions"]
+    # Finished while no watcher ran: the event says when it finished, not when it was seen.
+    assert completed.time == datetime.fromisoformat(condition["lastTransitionTime"])
 
 
 async def test_killed_between_status_change_and_publish_publishes_once(
