@@ -69,7 +69,10 @@ class _Job:
     launched: bool = False
     """This instance started the supervisor (it may not have written started.json yet)."""
     stdout_offset: int = 0
+    decision_id: str | None = None
     final_emitted: bool = False
+    history: list[Observation] = dataclasses.field(default_factory=list)
+    """Phase changes so far (no progress): what a new observer is told first."""
     cancel_signalled: bool = False
 
     @property
@@ -93,6 +96,7 @@ class LocalProcessBackend:
         trainer_command: Sequence[str] = TRAINER_COMMAND,
         trainer_overrides: Mapping[str, Any] | None = None,
         environment: Mapping[str, str] | None = None,
+        runtimes: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """
         Args:
@@ -103,6 +107,10 @@ class LocalProcessBackend:
             trainer_command: the program run with `--config <job>/config.json`.
             trainer_overrides: TrainerConfig fields set on every job (e.g. `save_steps`).
             environment: extra variables for the trainer process.
+            runtimes: local runtime profiles by name, each a mapping of TrainerConfig
+                overrides; a request naming another runtime is rejected (`RuntimeNotFound`).
+                None accepts every runtime name, so rule files written for a cluster run
+                unchanged on one machine.
         """
         if max_concurrent < 1:
             raise ConfigError("max_concurrent must be at least 1")
@@ -113,8 +121,9 @@ class LocalProcessBackend:
         self._trainer_command = tuple(trainer_command)
         self._overrides = dict(trainer_overrides or {})
         self._environment = dict(environment or {})
+        self._runtimes = None if runtimes is None else {k: dict(v) for k, v in runtimes.items()}
         self._jobs: dict[str, _Job] = {}
-        self._queue: asyncio.Queue[tuple[_Job, Observation]] = asyncio.Queue()
+        self._observers: set[asyncio.Queue[tuple[_Job, Observation]]] = set()
         self._pump: asyncio.Task[None] | None = None
         self._scanned = False
         self._lock = asyncio.Lock()
@@ -124,13 +133,23 @@ class LocalProcessBackend:
     async def launch(self, request: TrainingRequest) -> JobRef:
         await self._ensure_started()
         async with self._lock:
-            known = self._jobs.get(request.name)
             directory = self._root / request.name
-            if known is not None:
-                return known.ref
-            if (directory / "request.json").exists():
-                # Launched (and perhaps reported) before this instance: the same job.
+            stored = _read_json(directory / "request.json")
+            if stored is not None:
+                # Launched before (perhaps by an earlier instance): the same job, unless
+                # another decision produced the same name.
+                if stored.get("request", {}).get("decision_id") != request.decision_id:
+                    raise JobRejectedError(
+                        f"job name {request.name} is taken by another decision",
+                        reason="NameTaken",
+                    )
                 return JobRef(name=request.name, backend=BACKEND_NAME)
+            if self._runtimes is not None and request.runtime not in self._runtimes:
+                raise JobRejectedError(
+                    f"runtime {request.runtime!r} is not a local runtime profile "
+                    f"(known: {', '.join(sorted(self._runtimes)) or 'none'})",
+                    reason="RuntimeNotFound",
+                )
             config = self._config_for(request, directory)
             try:
                 directory.mkdir(parents=True, exist_ok=False)
@@ -140,13 +159,20 @@ class LocalProcessBackend:
                     directory / "request.json",
                     {"sequence": sequence, "request": _request_mapping(request)},
                 )
-            except FileExistsError:
-                return JobRef(name=request.name, backend=BACKEND_NAME)
+            except FileExistsError as exc:
+                raise TransientBackendError(
+                    f"job directory {directory} is being created by someone else", delay=1.0
+                ) from exc
             except OSError as exc:
                 raise TransientBackendError(
                     f"cannot create job directory {directory}: {exc}", delay=5.0
                 ) from exc
-            job = _Job(name=request.name, directory=directory, sequence=sequence)
+            job = _Job(
+                name=request.name,
+                directory=directory,
+                sequence=sequence,
+                decision_id=request.decision_id,
+            )
             self._jobs[job.name] = job
             self._emit(job, JobPhase.PENDING, reason="Queued")
             await self._start_queued()
@@ -180,16 +206,26 @@ class LocalProcessBackend:
             os.kill(int(started["supervisor_pid"]), signal.SIGTERM)
 
     async def observe(self) -> AsyncIterator[Observation]:
+        """Each call first replays the phase changes of every job this instance knows, then
+        follows new ones (as a Kubernetes list-then-watch does). A final observation counts
+        as delivered once the consumer asks for the next one or closes the iterator; from
+        then on a later instance on the same root never reports that job again."""
         await self._ensure_started()
-        while True:
-            job, observation = await self._queue.get()
-            try:
-                yield observation
-            finally:
-                # Delivered once the consumer asks for the next one or closes the iterator:
-                # at least once, and a later instance never reports it again.
-                if observation.phase.is_final:
-                    (job.directory / REPORTED_MARKER).write_text("reported\n")
+        inbox: asyncio.Queue[tuple[_Job, Observation]] = asyncio.Queue()
+        for job in sorted(self._jobs.values(), key=lambda j: j.sequence):
+            for past in job.history:
+                inbox.put_nowait((job, past))
+        self._observers.add(inbox)
+        try:
+            while True:
+                job, observation = await inbox.get()
+                try:
+                    yield observation
+                finally:
+                    if observation.phase.is_final:
+                        (job.directory / REPORTED_MARKER).write_text("reported\n")
+        finally:
+            self._observers.discard(inbox)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -216,7 +252,8 @@ class LocalProcessBackend:
             if request.output_uri
             else str(directory / "output")
         )
-        overrides = {"progress": ProgressMode.JSON, **self._overrides}
+        profile = (self._runtimes or {}).get(request.runtime, {})
+        overrides = {"progress": ProgressMode.JSON, **self._overrides, **profile}
         try:
             return TrainerConfig.from_training_request(request, output_dir=output, **overrides)
         except (ConfigError, TypeError) as exc:
@@ -240,15 +277,22 @@ class LocalProcessBackend:
             if stored is None or (directory / REPORTED_MARKER).exists():
                 continue
             job = _Job(
-                name=directory.name, directory=directory, sequence=int(stored.get("sequence", 0))
+                name=directory.name,
+                directory=directory,
+                sequence=int(stored.get("sequence", 0)),
+                decision_id=stored.get("request", {}).get("decision_id"),
             )
+            self._jobs[job.name] = job
             # Progress printed before we looked is history, not news.
             with contextlib.suppress(OSError):
                 job.stdout_offset = (directory / "stdout.log").stat().st_size
-            if job.has("started.json"):
-                # Found running or finished: its Pending/Running were reported before.
+            if job.has("exit.json"):
+                # Finished while no instance watched: only its final state is news.
                 job.phase = JobPhase.RUNNING
-            self._jobs[job.name] = job
+            elif job.has("started.json"):
+                self._emit(job, JobPhase.RUNNING, reason="Adopted")
+            else:
+                self._emit(job, JobPhase.PENDING, reason="Queued")
 
     async def _pump_forever(self) -> None:
         while True:
@@ -420,7 +464,8 @@ class LocalProcessBackend:
         result: JobResult | None = None,
         progress: Mapping[str, Any] | None = None,
     ) -> None:
-        job.phase = phase
+        if progress is None:
+            job.phase = phase
         observation = Observation(
             job=job.ref,
             phase=phase,
@@ -430,7 +475,10 @@ class LocalProcessBackend:
             result=result,
             **({"progress": dict(progress)} if progress else {}),
         )
-        self._queue.put_nowait((job, observation))
+        if progress is None:
+            job.history.append(observation)
+        for inbox in self._observers:
+            inbox.put_nowait((job, observation))
 
 
 def _job_result(result: Mapping[str, Any]) -> JobResult:
