@@ -18,15 +18,26 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from orchestrator.errors import ConfigError
+from handlers.codec import KafkaRecord, decode_record
+from orchestrator.errors import ConfigError, InvalidEventError
 from orchestrator.events import CloudEvent
-from orchestrator.ledger import DecisionRecord, Outcome, format_time, job_to_json
+from orchestrator.ledger import (
+    DecisionRecord,
+    Outcome,
+    format_time,
+    from_cloudevent,
+    job_to_json,
+)
 from orchestrator.rules import loading
 from orchestrator.rules.durations import DurationError, parse_duration
 from orchestrator.rules.model import RuleSet
 from orchestrator.rules.parsing import RuleFileError
 from orchestrator.rules.simulation import Simulation, simulate
 from orchestrator.rules.state import event_from_json
+
+AUDIT_READ_IDLE_MS = 3000
+"""`explain --bootstrap` stops reading once the audit topic was quiet this long."""
+AUDIT_MAX_EVENT_BYTES = 1 << 20
 
 
 def register(app: typer.Typer) -> None:
@@ -163,7 +174,8 @@ def _read_records(path: Path) -> list[DecisionRecord]:
 
 
 def _records_from_kafka(bootstrap: str, topic: str) -> list[DecisionRecord]:
-    """Read the whole audit topic (structured-mode JSON values) with kafka-python."""
+    """Read the whole audit topic with kafka-python, decoding records as the service wrote
+    them (either CloudEvents content mode); records that are not decisions are skipped."""
     from kafka import KafkaConsumer  # imported here: only this option needs a broker client
 
     consumer = KafkaConsumer(
@@ -171,20 +183,24 @@ def _records_from_kafka(bootstrap: str, topic: str) -> list[DecisionRecord]:
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        consumer_timeout_ms=3000,
+        consumer_timeout_ms=AUDIT_READ_IDLE_MS,
     )
     records = []
     try:
         for message in consumer:
+            raw = KafkaRecord(
+                value=message.value, headers=tuple(message.headers or ()), key=message.key
+            )
             try:
-                value = json.loads(message.value)
-                data = value.get("data", value) if isinstance(value, dict) else value
-                records.append(DecisionRecord.from_json(data))
-            except (ValueError, AttributeError) as exc:
-                typer.echo(f"{topic}@{message.offset}: skipped: {exc}", err=True)
+                for event in decode_record(raw, max_event_bytes=AUDIT_MAX_EVENT_BYTES):
+                    records.append(from_cloudevent(event))
+            except InvalidEventError as exc:
+                typer.echo(
+                    f"{topic}@{message.partition}:{message.offset}: skipped: {exc}", err=True
+                )
     finally:
         consumer.close()
-    return records
+    return sorted(records, key=lambda r: r.time)
 
 
 def explain(
@@ -204,7 +220,7 @@ def explain(
     bootstrap: Annotated[
         str | None, typer.Option("--bootstrap", help="Kafka to read the audit topic from.")
     ] = None,
-    topic: Annotated[str, typer.Option("--topic")] = "tuneloop.decisions",
+    topic: Annotated[str, typer.Option("--topic", help="The audit topic.")] = "tuneloop.audit",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The story of one rule and key: which events counted, what fired, or why not."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from handlers.cli.main import app
+from handlers.codec import encode_event
+from orchestrator.ledger import DecisionRecord, to_cloudevent
 
 RULES = "docs/examples/rules.yaml"
 EVENTS = "docs/examples/events.jsonl"
@@ -145,3 +148,36 @@ def test_check_refuses_a_bad_rule_even_among_good_files(tmp_path):
     result = runner.invoke(app, ["check", str(tmp_path)])
     assert result.exit_code == 1
     assert f"{tmp_path}/more.yaml:2:5: every rule needs `on:`" in result.output
+
+
+@pytest.mark.kafka
+def test_explain_reads_the_story_from_the_audit_topic(kafka_bootstrap, new_topic):
+    from kafka import KafkaProducer
+
+    topic = new_topic("audit")
+    simulated = runner.invoke(app, ["simulate", "--rules", RULES, "--events", EVENTS, "--json"])
+    records = [DecisionRecord.from_json(json.loads(line)) for line in simulated.stdout.splitlines()]
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for record in records:
+        encoded = encode_event(to_cloudevent(record))
+        producer.send(topic, value=encoded.value, key=encoded.key, headers=list(encoded.headers))
+    producer.send(topic, value=b"not a cloudevent")
+    producer.flush()
+    producer.close()
+    result = runner.invoke(
+        app,
+        [
+            "explain",
+            "--rule",
+            "chat-drift-retrain",
+            "--key",
+            "chat-model-7",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--topic",
+            topic,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "Launched 1 time(s)" in result.stdout
+    assert "skipped" in result.stderr
