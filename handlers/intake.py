@@ -216,7 +216,6 @@ def build_intake(
     source = _raw_topic(app, *kafka.topics_in)
     keyed_name = f"{kafka.group_id}-tuneloop-keyed"
     keyed = _raw_topic(app, keyed_name, partitions=kafka.internal_partitions, internal=True)
-    dlq = _raw_topic(app, kafka.topic_dlq)
     table = app.Table(SEEN_TABLE, default=None, partitions=kafka.internal_partitions)
     seen = SeenEvents(
         table,
@@ -231,8 +230,8 @@ def build_intake(
         sink=sink,
         now=(clock or SystemClock()).now,
         seen=seen,
-        keyed=keyed,
-        dlq=dlq,
+        keyed=_ProducerTopic(app, keyed_name),
+        dlq=_ProducerTopic(app, kafka.topic_dlq),
     )
 
     @app.agent(source, name="tuneloop-intake")
@@ -379,6 +378,20 @@ class _Pipeline:
             partition=origin.partition,
             offset=origin.offset,
         )
+
+
+class _ProducerTopic:
+    """Sends raw records to one topic through the app's producer, skipping faust's Topic
+    machinery (serializers, FutureMessage bookkeeping), which costs more per record than
+    everything else the intake does. Still durable before commit: faust flushes this same
+    producer before it commits any offset."""
+
+    def __init__(self, app: faust.App, name: str) -> None:
+        self._app = app
+        self._name = name
+
+    async def send(self, *, key: bytes | None, value: bytes | None, headers: list[Any]) -> None:
+        await self._app.producer.send(self._name, key, value, None, None, headers)
 
 
 def _raw_topic(app: faust.App, *names: str, **options: Any) -> Any:
