@@ -40,8 +40,12 @@ format: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-demo: venv services models
-	$(VENV)/bin/tuneloop demo
+# The demo needs only Kafka and the one model it fine-tunes (TUNELOOP_DEMO_MODEL=tiny: fast path).
+TUNELOOP_DEMO_MODEL ?= smollm2
+demo: venv
+	$(PY) -m handlers.local_services prepare kafka
+	$(PY) -m runtimes.models prepare $(TUNELOOP_DEMO_MODEL)
+	$(VENV)/bin/tuneloop demo --model $(TUNELOOP_DEMO_MODEL)
 
 bench: venv services models
 	$(PY) -m bench

@@ -1,5 +1,8 @@
-"""`python -m handlers.local_services prepare`: resolve Kafka's jars and build the Kubernetes
-API server and etcd once, into ~/.cache/tuneloop. `make services` calls it."""
+"""`python -m handlers.local_services prepare [kafka] [kubernetes]`: resolve Kafka's jars and
+build the Kubernetes API server and etcd once, into ~/.cache/tuneloop.
+
+With no name, both (`make services`); `make demo` needs only Kafka.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,18 @@ import sys
 
 from handlers.local_services import kafka, kubernetes
 
+PREPARERS = {"kafka": kafka.prepare, "kubernetes": kubernetes.prepare}
+
 
 def main(argv: list[str]) -> int:
-    if argv[:1] != ["prepare"]:
-        print("usage: python -m handlers.local_services prepare", file=sys.stderr)
+    names = argv[1:] or list(PREPARERS)
+    if argv[:1] != ["prepare"] or any(name not in PREPARERS for name in names):
+        print(
+            "usage: python -m handlers.local_services prepare [kafka] [kubernetes]", file=sys.stderr
+        )
         return 2
-    kafka.prepare()
-    kubernetes.prepare()
+    for name in names:
+        PREPARERS[name]()
     return 0
 
 

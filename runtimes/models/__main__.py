@@ -1,5 +1,7 @@
-"""`python -m runtimes.models prepare`: build the tiny model and convert SmolLM2 once, cached.
-`make models` calls it."""
+"""`python -m runtimes.models prepare [NAME...]`: build the offline models once, cached.
+
+With no name, every catalogued model (`make models`); `make demo` names only the one it uses.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +12,18 @@ from runtimes.models import catalog
 
 def main(argv: list[str]) -> int:
     if argv[:1] != ["prepare"]:
-        print("usage: python -m runtimes.models prepare", file=sys.stderr)
+        print("usage: python -m runtimes.models prepare [tiny|smollm2 ...]", file=sys.stderr)
         return 2
-    catalog.prepare()
+    names = argv[1:]
+    if not names:
+        catalog.prepare()
+        return 0
+    for name in names:
+        try:
+            print(catalog.model_dir(name), file=sys.stderr)
+        except KeyError as exc:
+            print(f"runtimes.models: {exc.args[0]}", file=sys.stderr)
+            return 2
     return 0
 
 
