@@ -21,7 +21,7 @@ from orchestrator.jobs.model import JobPhase, JobResult, TrainingRequest
 from orchestrator.testing import InMemoryCompletionStore, RecordingPublisher
 from runtimes.kubernetes import manifests
 from runtimes.kubernetes.backend import BACKEND_NAME, BackendSettings, KubernetesBackend
-from runtimes.kubernetes.catalog import GROUP, VERSION
+from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from tests.contract.backend_contract import request, until
 from tests.contract.test_kubernetes_backend_contract import TrainerStatusPatcher
 
@@ -287,10 +287,12 @@ async def test_an_unreachable_api_server_is_a_transient_error_after_retries(
         namespace=k8s_namespace, launch_attempts=3, backoff_initial=0.1, request_timeout=2.0
     )
     with kube_api.api_client() as api:
+        objects = client.CustomObjectsApi(api)
+        catalog = RuntimeCatalog(objects, clock=SystemClock(), namespace=k8s_namespace)
+        await catalog.runtimes()  # listed while the server is up
         backend = KubernetesBackend(
-            client.CustomObjectsApi(api), clock=SystemClock(), settings=settings, sleep=record
+            objects, clock=SystemClock(), catalog=catalog, settings=settings, sleep=record
         )
-        await backend._catalog.runtimes()  # listed while the server is up
         kube_api.server.stop()
         try:
             with pytest.raises(TransientBackendError):
@@ -305,12 +307,13 @@ async def test_finished_and_announced_jobs_are_removed_and_nothing_else(
 ):
     store, events = InMemoryCompletionStore(), RecordingPublisher()
     backend, completion = orchestrator(objects, settings, store, events)
-    jobs = {name: request(name, RUNTIME) for name in ("ft-gc-done", "ft-gc-quiet", "ft-gc-live")}
-    for job in jobs.values():
+    refs = {}
+    for name in ("ft-gc-done", "ft-gc-quiet", "ft-gc-live"):
+        job = request(name, RUNTIME)
         await completion.record_launch(job)
-        await backend.launch(job)
-    await controller.move(backend._ref("ft-gc-done"), JobPhase.SUCCEEDED, result=JobResult())
-    await controller.move(backend._ref("ft-gc-quiet"), JobPhase.FAILED, reason="FailedJobs")
+        refs[name] = await backend.launch(job)
+    await controller.move(refs["ft-gc-done"], JobPhase.SUCCEEDED, result=JobResult())
+    await controller.move(refs["ft-gc-quiet"], JobPhase.FAILED, reason="FailedJobs")
     stream = aiter(backend.observe())
     await pump(stream, completion, "ft-gc-done", JobPhase.SUCCEEDED)  # announced
     await stream.aclose()  # ft-gc-quiet failed, but its event has not gone out yet
