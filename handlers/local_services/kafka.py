@@ -842,3 +842,42 @@ def _started_container() -> Any:
 def resolve_bootstrap() -> str | None:
     """An already-running Kafka to use without starting one: `TUNELOOP_KAFKA_BOOTSTRAP`, or None."""
     return os.environ.get("TUNELOOP_KAFKA_BOOTSTRAP", "").strip() or None
+
+
+# --- by hand -----------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m handlers.local_services.kafka prepare|run`.
+
+    `run` keeps a broker up until Ctrl-C or SIGTERM, so that repeated test runs can share it
+    through `TUNELOOP_KAFKA_BOOTSTRAP` instead of starting one each.
+    """
+    if list(argv) == ["prepare"]:
+        prepare()
+        return 0
+    if list(argv) != ["run"]:
+        print("usage: python -m handlers.local_services.kafka prepare|run", file=sys.stderr)
+        return 2
+    libs = prepare_kafka()
+    work_dir = Path(tempfile.mkdtemp(prefix="tuneloop-kafka-"))
+    broker = LocalKafka(libs=libs, work_dir=work_dir)
+    # SIGTERM unwinds like Ctrl-C, so the broker is stopped by the `with` below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        with broker:
+            _say(f"Kafka {broker.version} up in {broker.last_start_seconds or 0:.1f} s")
+            _say(f"log: {broker.log_path}")
+            print(f"export TUNELOOP_KAFKA_BOOTSTRAP={broker.bootstrap}", flush=True)
+            while broker.running:
+                time.sleep(1)
+            _say(f"the broker exited on its own; its log ends:\n{broker.log_tail(40)}")
+            return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -311,3 +311,10 @@ def test_broker_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:
 
     assert len(set(ports)) == 2
     assert all(port < low for port in ports)
+
+
+def test_the_command_line_names_its_commands_when_given_another(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert kafka.main(["start"]) == 2
+    assert "prepare|run" in capsys.readouterr().err
