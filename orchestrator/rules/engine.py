@@ -240,10 +240,13 @@ def evaluate(
             for name in rule_names
         )
         return state, records
+    if not state.buffer and time <= now - rules.allowed_lateness:
+        # Nothing held and the event is due: skip the buffer (the common case without lateness).
+        return _advance(rules, state, key, now, due=(event, time))
     held = Buffered(event_to_json(event), ident, time, time + rules.allowed_lateness)
     buffer = tuple(sorted((*state.buffer, held), key=lambda b: (b.time, b.identity)))
     state = replace(state, buffer=buffer)
-    return _advance(rules, state, key, now, fresh=(held, event))
+    return _advance(rules, state, key, now)
 
 
 def tick(
@@ -304,29 +307,34 @@ def _advance(
     key: str,
     now: datetime,
     *,
-    fresh: tuple[Buffered, CloudEvent] | None = None,
+    due: tuple[CloudEvent, datetime] | None = None,
     changed: str | None = None,
 ) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
     """Process held events due by *now* in event-time order, with timers in between.
 
+    *due* is an event that needs no holding (nothing else is held and its time has come).
     *changed* names a rule whose state the caller changed without a record (a job ended).
     """
     cutoff = now - rules.allowed_lateness
     records: list[DecisionRecord] = []
     timers_due = bool(state.wakeups) and now >= state.wakeups[0]
-    released = [b for b in state.buffer if b.time <= cutoff]
+    released: list[tuple[datetime, Buffered | CloudEvent]] = [
+        (b.time, b) for b in state.buffer if b.time <= cutoff
+    ]
     if released:
         buffer = tuple(b for b in state.buffer if b.time > cutoff)
         state = KeyState(state.horizon, buffer, state.rules, state.wakeups)
-    for held in released:
+    if due is not None:
+        released.append((due[1], due[0]))
+    for time, item in released:
         # Timers due before this event fire first, exactly as if no event had been held.
         if timers_due:
             state = _fire_timers(
-                rules, state, key=key, until=held.time, records=records, inclusive=False
+                rules, state, key=key, until=time, records=records, inclusive=False
             )
-        event = fresh[1] if fresh is not None and fresh[0] is held else event_from_json(held.event)
-        state = _process(rules, state, key=key, event=event, time=held.time, records=records)
-        horizon = held.time if state.horizon is None else max(state.horizon, held.time)
+        event = item if isinstance(item, CloudEvent) else event_from_json(item.event)
+        state = _process(rules, state, key=key, event=event, time=time, records=records)
+        horizon = time if state.horizon is None else max(state.horizon, time)
         state = KeyState(horizon, state.buffer, state.rules, state.wakeups)
     if timers_due or released:
         state = _fire_timers(rules, state, key=key, until=cutoff, records=records, inclusive=True)

@@ -296,9 +296,14 @@ def _boolean(evaluator: Evaluator, variables: Mapping[str, Any]) -> bool | FastP
 
 def _and(left: Evaluator, right: Evaluator) -> Evaluator:
     def value(variables: Mapping[str, Any]) -> bool:
-        a = _boolean(left, variables)
+        try:
+            a: bool | FastPathError = left(variables)
+        except FastPathError as exc:
+            a = exc
         if a is False:
             return False
+        if a is not True and not isinstance(a, FastPathError):
+            a = FastPathError("no such overload")
         b = _boolean(right, variables)
         if b is False:
             return False
@@ -313,9 +318,14 @@ def _and(left: Evaluator, right: Evaluator) -> Evaluator:
 
 def _or(left: Evaluator, right: Evaluator) -> Evaluator:
     def value(variables: Mapping[str, Any]) -> bool:
-        a = _boolean(left, variables)
+        try:
+            a: bool | FastPathError = left(variables)
+        except FastPathError as exc:
+            a = exc
         if a is True:
             return True
+        if a is not False and not isinstance(a, FastPathError):
+            a = FastPathError("no such overload")
         b = _boolean(right, variables)
         if b is True:
             return True

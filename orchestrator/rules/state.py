@@ -180,6 +180,9 @@ class RuleState:
         )
 
 
+_EMPTY_RULE_STATE = RuleState()
+
+
 @dataclass(frozen=True, slots=True)
 class Buffered:
     """An event held until its allowed lateness has passed, so events are counted in
@@ -203,7 +206,8 @@ class KeyState:
     """Processing times at which `tick` has work (computed by the engine)."""
 
     def rule(self, name: str) -> RuleState:
-        return self.rules.get(name) or RuleState()
+        """This key's state of rule *name* (empty when the rule has none yet)."""
+        return self.rules.get(name) or _EMPTY_RULE_STATE
 
     def to_json(self) -> dict[str, Any]:
         return {
