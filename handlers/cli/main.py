@@ -13,6 +13,7 @@ from handlers.cli import (
     event_commands,
     rule_commands,
     service_commands,
+    tail_commands,
     worker_commands,
 )
 
@@ -30,7 +31,14 @@ def tuneloop() -> None:
     """Event-driven LoRA fine-tuning: CloudEvents in, training jobs out."""
 
 
-for module in (rule_commands, event_commands, service_commands, worker_commands, demo_commands):
+for module in (
+    rule_commands,
+    event_commands,
+    tail_commands,
+    worker_commands,
+    demo_commands,
+    service_commands,
+):
     module.register(app)
 
 
