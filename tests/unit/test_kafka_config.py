@@ -107,6 +107,22 @@ def test_no_key_is_written_twice() -> None:
     assert len(keys) == len(set(keys))
 
 
+def test_an_override_replaces_its_key_in_place_and_a_new_key_is_appended() -> None:
+    text = render_server_properties(
+        version="3.9.2",
+        port=1,
+        controller_port=2,
+        data_dir=Path("/d"),
+        overrides={"num.partitions": "3", "broker.session.timeout.ms": "4000"},
+    )
+    keys = [line.split("=", 1)[0] for line in text.splitlines() if line and line[0] != "#"]
+    props = _properties(text)
+
+    assert props["num.partitions"] == "3"
+    assert props["broker.session.timeout.ms"] == "4000"
+    assert keys.count("num.partitions") == 1
+
+
 # --- versions ---------------------------------------------------------------------------------
 
 
