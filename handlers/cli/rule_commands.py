@@ -9,6 +9,7 @@ command-line usage (typer's own).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -34,10 +35,17 @@ from orchestrator.rules.model import RuleSet
 from orchestrator.rules.parsing import RuleFileError
 from orchestrator.rules.simulation import Simulation, simulate
 from orchestrator.rules.state import event_from_json
+from orchestrator.vocabulary.registry import SchemaRegistry
 
 AUDIT_READ_IDLE_MS = 3000
 """`explain --bootstrap` stops reading once the audit topic was quiet this long."""
 AUDIT_MAX_EVENT_BYTES = 1 << 20
+
+
+@functools.cache
+def vocabulary() -> SchemaRegistry:
+    """tuneloop's event vocabulary, loaded once."""
+    return SchemaRegistry.builtin()
 
 
 def register(app: typer.Typer) -> None:
@@ -75,6 +83,21 @@ def check(
     )
 
 
+def _parse_event(data: Any) -> CloudEvent:
+    """A structured-mode event, checked as the service's intake checks it: CloudEvents
+    attributes, then `data` against the vocabulary's schema for its type.
+
+    Raises:
+        ValueError: saying what is wrong.
+    """
+    event = event_from_json(data)
+    try:
+        vocabulary().validate(event, accept_unknown=True)
+    except InvalidEventError as exc:
+        raise ValueError(exc.message) from exc
+    return event
+
+
 def _read_events(path: Path) -> Iterator[CloudEvent]:
     """The valid events of a JSON Lines file; invalid lines go to stderr and are skipped."""
     try:
@@ -85,7 +108,7 @@ def _read_events(path: Path) -> Iterator[CloudEvent]:
         if not line.strip():
             continue
         try:
-            yield event_from_json(json.loads(line))
+            yield _parse_event(json.loads(line))
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             typer.echo(f"{path}:{number}: skipped invalid event: {exc}", err=True)
 
@@ -341,7 +364,7 @@ def _run_case(rules: RuleSet, case: Mapping[str, Any]) -> list[str]:
         event.setdefault("specversion", "1.0")
         if "time" in event and not isinstance(event["time"], str):
             event["time"] = str(event["time"])
-        events.append(event_from_json(event))
+        events.append(_parse_event(event))
     duration = parse_duration(case.get("assume_duration", "1h"))
     records = simulate(rules, events, assume_duration=duration)
     expected = list(case.get("expect") or [])

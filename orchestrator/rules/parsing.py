@@ -9,6 +9,7 @@ dicts, because a rule-file error without a position is one users have to hunt fo
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import re
@@ -50,17 +51,28 @@ from orchestrator.rules.templating import (
     check_value,
     split_template,
 )
+from orchestrator.vocabulary.registry import SchemaRegistry
 
-KNOWN_EVENT_TYPES = frozenset(
-    {
-        "io.tuneloop.drift.detected.v1",
-        "io.tuneloop.data.arrived.v1",
-        "io.tuneloop.finetune.completed.v1",
-        "io.tuneloop.finetune.failed.v1",
-        "io.tuneloop.decision.v1",
-    }
-)
-"""Types tuneloop itself defines; other `io.tuneloop.*` types are typos."""
+
+@functools.cache
+def _vocabulary() -> SchemaRegistry:
+    return SchemaRegistry.builtin()
+
+
+def known_event_types() -> frozenset[str]:
+    """Types tuneloop itself defines (its schema vocabulary); other `io.tuneloop.*` types are
+    typos."""
+    return frozenset(_vocabulary().types)
+
+
+def _data_fields_of(event_type: str) -> frozenset[str] | None:
+    """Top-level `data` members the vocabulary's schema names for *event_type* (None: no
+    schema, or a schema that does not list them)."""
+    if not _vocabulary().knows(event_type):
+        return None
+    properties = _vocabulary().schema_of(event_type).get("properties")
+    return frozenset(properties) if isinstance(properties, Mapping) else None
+
 
 _RULE_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 _RUNTIME_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?$")
@@ -456,6 +468,10 @@ def _parse_rule(ctx: _Context, raw: Loc, mark: tuple[int, int]) -> Rule | None:
     budget = _integer(ctx, raw, "max_launches_per_day", None, minimum=1)
     mode = _choice(ctx, raw, "mode", Mode, Mode.LIVE)
     launch = _parse_launch(ctx, raw, mark)
+    types = selector.types if selector is not None else ()
+    _check_data_fields(ctx, raw.get("on"), "where", selector.where if selector else None, types)
+    _check_data_fields(ctx, raw, "key", key, types)
+    _check_data_fields(ctx, raw.get("sum"), "of", total.of if total else None, types)
     if len(ctx.problems) > before or selector is None or key is None or launch is None:
         return None
     return Rule(
@@ -477,11 +493,41 @@ def _parse_rule(ctx: _Context, raw: Loc, mark: tuple[int, int]) -> Rule | None:
     )
 
 
+def _check_data_fields(
+    ctx: _Context, mapping: Any, name: str, expression: Expression | None, types: Iterable[str]
+) -> None:
+    """A `event.data.<field>` that is not in the type's schema but close to one is a typo.
+
+    The vocabulary allows extra members, so an unknown field alone is not an error; one that
+    is a letter or two away from a field the schema names almost always is.
+    """
+    if expression is None or not expression.data_fields or not isinstance(mapping, Loc):
+        return
+    if name not in mapping:
+        return
+    for event_type in types:
+        known = _data_fields_of(event_type)
+        if not known:
+            continue
+        for data_field in sorted(expression.data_fields - known):
+            close = difflib.get_close_matches(data_field, sorted(known), n=1, cutoff=0.75)
+            if not close:
+                continue
+            mark = mapping.value_marks[name]
+            offset = expression.source.find(f"event.data.{data_field}") + len("event.data.")
+            quote = 1 if mapping.quoted.get(name) else 0
+            ctx.add(
+                (mark[0], mark[1] + quote + offset),
+                f"{name}: event.data.{data_field} is not a field of {event_type} "
+                f"(did you mean {close[0]!r}?)",
+            )
+
+
 def _check_event_type(ctx: _Context, value: Any, mark: tuple[int, int]) -> str | None:
     if not isinstance(value, str) or not _EVENT_TYPE.match(value):
         ctx.add(mark, f"bad event type {value!r}: expected a string like io.example.thing.v1")
         return None
-    known = KNOWN_EVENT_TYPES | (ctx.event_types or frozenset())
+    known = known_event_types() | (ctx.event_types or frozenset())
     if value in known:
         return value
     if ctx.event_types is not None or value.startswith("io.tuneloop."):
@@ -691,6 +737,7 @@ def _parse_joins(
                 f"the rule key {key.source!r} depends on the event",
             )
             continue
+        _check_data_fields(ctx, item, "key", join_key, [event_type])
         seen.add(event_type)
         joins.append(Join(event_type, join_key, within, _globs(ctx, item)))
     return tuple(joins)

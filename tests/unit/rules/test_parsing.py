@@ -215,3 +215,22 @@ def test_durations_parse_and_print_back(text, seconds):
 def test_bad_durations_are_refused(text):
     with pytest.raises(DurationError):
         parse_duration(text)
+
+
+def test_a_data_field_a_typo_away_from_the_schema_is_reported_with_a_suggestion():
+    text = GOOD.replace(
+        "on: {type: io.tuneloop.drift.detected.v1}",
+        'on: {type: io.tuneloop.drift.detected.v1, where: "event.data.treshold > 1"}',
+    )
+    assert problems(text) == [
+        "f.yaml:3:66: where: event.data.treshold is not a field of "
+        "io.tuneloop.drift.detected.v1 (did you mean 'threshold'?)"
+    ]
+
+
+def test_extra_data_fields_the_schema_does_not_name_are_allowed():
+    text = GOOD.replace(
+        "on: {type: io.tuneloop.drift.detected.v1}",
+        'on: {type: io.tuneloop.drift.detected.v1, where: "event.data.team == \'nlp\'"}',
+    )
+    assert parse_files([Source("f.yaml", text)]).rules[0].on.where is not None
