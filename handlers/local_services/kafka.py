@@ -718,6 +718,8 @@ def broker_command(
         # C1 only: a test broker never runs long enough to profit from C2, and C2's compile
         # threads compete for the same two cores while the broker starts (5 s instead of 9 s).
         "-XX:TieredStopAtLevel=1",
+        # The archive options need JDK 13+; an older JVM skips them instead of refusing to start.
+        "-XX:+IgnoreUnrecognizedVMOptions",
         *class_archive,
         "-Djava.awt.headless=true",
         "-Dorg.slf4j.simpleLogger.showDateTime=true",
