@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,6 +33,7 @@ import structlog
 
 from handlers.codec import RecordInfo, encode_event
 from handlers.intake import FORWARD_HEADERS, Intake, build_intake
+from handlers.metrics import WorkerCounts
 from handlers.publishing import KafkaEventPublisher
 from handlers.rules_reloading import RulesReloader
 from orchestrator import signals
@@ -41,15 +43,19 @@ from orchestrator.events import CloudEvent
 from orchestrator.jobs.completion import CompletionRecord
 from orchestrator.jobs.model import JobRef
 from orchestrator.jobs.persistence import record_from_json, record_to_json
+from orchestrator.jobs.tracking import Milestone
 from orchestrator.ports import TrainingBackend
 from orchestrator.rules import engine, loading
-from orchestrator.rules.engine import KeyState
+from orchestrator.rules.engine import KeyState, RuleSet
 from orchestrator.service import Orchestrator
 from orchestrator.settings import Settings
 from orchestrator.vocabulary.registry import SchemaRegistry
 
 log = structlog.get_logger("tuneloop.worker")
 
+FINISHED_JOB_RETENTION = timedelta(days=1)
+"""How long a finished, announced TrainJob stays on the cluster for people to look at."""
+FINISHED_JOB_SWEEP_SECONDS = 600.0
 RULE_STATE_TABLE = "tuneloop-rule-state"
 JOBS_TABLE = "tuneloop-jobs"
 
@@ -122,7 +128,7 @@ class Worker:
     orchestrator: Orchestrator
     reloader: RulesReloader
     publisher: LazyPublisher
-    signals_sent: int = 0
+    counts: WorkerCounts = field(default_factory=WorkerCounts)
     ticks_pending: dict[str, datetime] = field(default_factory=dict)
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -149,6 +155,7 @@ def build_worker(
     publisher = LazyPublisher(KafkaEventPublisher(kafka))
     holder: dict[str, Orchestrator] = {}
     worker_tasks: set[asyncio.Task[None]] = set()
+    counts = WorkerCounts(rules_version=rules.version)
 
     def router(event: CloudEvent) -> tuple[str, ...]:
         current = holder["orchestrator"].rules
@@ -161,7 +168,8 @@ def build_worker(
         return tuple(dict.fromkeys(route.key for route in engine.route(current, event)))
 
     async def sink(key: str, event: CloudEvent, info: RecordInfo) -> None:
-        await holder["orchestrator"].handle(key, event, arrived_at=info.timestamp)
+        records = await holder["orchestrator"].handle(key, event, arrived_at=info.timestamp)
+        counts.decisions.update(record.outcome.value for record in records)
 
     def accepts_unknown_type(event_type: str) -> bool:
         # Internal signal types are never accepted from producers: nobody may forge a job
@@ -194,13 +202,19 @@ def build_worker(
         output_topic=kafka.topic_out,
     )
     holder["orchestrator"] = orchestrator
-    reloader = RulesReloader(rule_paths, on_change=orchestrator.replace_rules, current=rules)
+
+    def use_rules(new: RuleSet) -> None:
+        orchestrator.replace_rules(new)
+        counts.rules_version = new.version
+
+    reloader = RulesReloader(rule_paths, on_change=use_rules, current=rules)
     worker = Worker(
         app=app,
         intake=intake,
         orchestrator=orchestrator,
         reloader=reloader,
         publisher=publisher,
+        counts=counts,
         background=worker_tasks,
     )
     _run_alongside(
@@ -248,7 +262,7 @@ def _run_alongside(
             value=record.value,
             headers=[*record.headers, *_signal_origin(intake.keyed_topic)],
         )
-        worker.signals_sent += 1
+        worker.counts.signals_sent += 1
 
     async def pump_observations() -> None:
         async for observation in backend.observe():
@@ -272,12 +286,32 @@ def _run_alongside(
     async def reload_rules() -> None:
         await reloader.watch(interval=reload_interval)
 
+    async def remove_finished_jobs() -> None:
+        # Kubeflow Trainer keeps finished TrainJobs forever; remove ours once their outcome
+        # was announced (a job of another worker's partition reads as not announced: kept).
+        remove = getattr(backend, "remove_finished", None)
+        if remove is None:
+            return
+
+        async def announced(job: str) -> bool:
+            record = await completions.load(job)
+            return record is not None and bool(
+                {Milestone.COMPLETED, Milestone.FAILED} & set(record.announced)
+            )
+
+        removed = await remove(
+            finished_before=clock.now() - FINISHED_JOB_RETENTION, announced=announced
+        )
+        if removed:
+            log.info("finished_jobs_removed", jobs=list(removed))
+
     async def stop_publisher(sender: Any, **kwargs: Any) -> None:
         await publisher.stop()
 
     faust_app.task(pump_observations)
     faust_app.timer(interval=tick_interval)(tick_due_keys)
     faust_app.task(reload_rules)
+    faust_app.timer(interval=FINISHED_JOB_SWEEP_SECONDS)(remove_finished_jobs)
 
     faust_app.on_before_shutdown.connect(stop_publisher)
 
@@ -324,28 +358,39 @@ def make_backend(
     local_root: Path | None = None,
     local_max_concurrent: int = 1,
     kubeconfig: Path | None = None,
-    namespace: str = "default",
+    namespace: str | None = None,
 ) -> TrainingBackend:
     """The backend of *kind*, ready for `build_worker`.
 
+    The Kubernetes backend reads `TUNELOOP_KUBERNETES_*` (namespace, trainer image, output
+    base URI, timeouts; see `runtimes/kubernetes/backend.py`) and connects with *kubeconfig*,
+    or, inside a pod, with its ServiceAccount.
+
     Raises:
-        ConfigError: what the backend needs is missing (a kubeconfig for Kubernetes).
+        ConfigError: what the backend needs is missing or invalid.
     """
     if kind is BackendKind.LOCAL:
         from runtimes.localprocess.backend import LocalProcessBackend
 
         root = local_root or Path.home() / ".cache" / "tuneloop" / "jobs"
         return LocalProcessBackend(root, max_concurrent=local_max_concurrent, clock=clock)
+    from kubernetes import client as kube_client
     from kubernetes import config as kube_config
 
-    from runtimes.kubernetes.backend import BackendSettings, KubernetesBackend
+    from runtimes.kubernetes.backend import KubernetesBackend, settings_from_env
 
-    if kubeconfig is None:
+    settings = settings_from_env(os.environ)
+    if namespace:
+        settings = replace(settings, namespace=namespace)
+    config = cast(Any, kube_config)  # an untyped library
+    if kubeconfig is not None:
+        api_client = config.new_client_from_config(config_file=str(kubeconfig))
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+        api_client = kube_client.ApiClient()
+    else:
         raise ConfigError(
-            "the kubernetes backend needs a kubeconfig: set TUNELOOP_KUBECONFIG or --kubeconfig"
+            "the kubernetes backend needs a cluster: set TUNELOOP_KUBECONFIG (or --kubeconfig),"
+            " or run inside a pod with a ServiceAccount"
         )
-    new_client = cast(Any, kube_config).new_client_from_config  # untyped library
-    api_client = new_client(config_file=str(kubeconfig))
-    return KubernetesBackend.from_api_client(
-        api_client, clock=clock, settings=BackendSettings(namespace=namespace)
-    )
+    return KubernetesBackend.from_api_client(api_client, clock=clock, settings=settings)

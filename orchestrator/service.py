@@ -239,15 +239,7 @@ class Orchestrator:
                 continue
             except JobRejectedError as exc:
                 log.error("job_rejected", job=request.name, reason=exc.reason, error=str(exc))
-                await self._completions.handle(
-                    Observation(
-                        job=JobRef(name=request.name, backend=""),
-                        phase=JobPhase.FAILED,
-                        at=self._clock.now(),
-                        reason=exc.reason,
-                        message=str(exc),
-                    )
-                )
+                await self._completions.announce_rejection(request, exc, backend="")
                 return False
             log.info("job_launched", job=job.name, rule=request.rule, key=request.key)
             return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -46,19 +45,30 @@ def register(app: typer.Typer) -> None:
             typer.Option(envvar="TUNELOOP_KUBECONFIG", help="kubernetes backend: the cluster."),
         ] = None,
         namespace: Annotated[
-            str,
-            typer.Option(envvar="TUNELOOP_NAMESPACE", help="kubernetes backend: for TrainJobs."),
-        ] = "default",
+            str | None,
+            typer.Option(
+                envvar="TUNELOOP_KUBERNETES_NAMESPACE",
+                help="kubernetes backend: where TrainJobs go (default: default).",
+            ),
+        ] = None,
+        metrics_port: Annotated[
+            int | None,
+            typer.Option(
+                envvar="TUNELOOP_METRICS_PORT", help="Serve Prometheus /metrics on this port."
+            ),
+        ] = None,
         log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
     ) -> None:
         """Run a tuneloop worker until interrupted (Kafka settings: TUNELOOP_KAFKA_*)."""
         import faust
 
+        from handlers import metrics
         from handlers.app import BackendKind, build_worker, make_backend
+        from handlers.logs import configure as configure_logging
         from orchestrator.clock import SystemClock
         from orchestrator.settings import Settings
 
-        logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO))
+        configure_logging(log_level)
         try:
             kind = BackendKind(backend)
         except ValueError:
@@ -85,4 +95,6 @@ def register(app: typer.Typer) -> None:
             f"({len(worker.orchestrator.rules.rules)} rules), backend {kind}",
             err=True,
         )
+        if metrics_port is not None:
+            metrics.serve(metrics_port, worker.intake.stats, worker.counts)
         faust.Worker(worker.app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()

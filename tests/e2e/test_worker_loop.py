@@ -141,7 +141,7 @@ async def test_qualifying_events_launch_one_job_and_its_completion_is_announced_
         (job,) = backend.job_names
         backend.move(job, JobPhase.RUNNING)
         backend.move(job, JobPhase.SUCCEEDED, result=JobResult(adapter_uri="file:///adapter"))
-        await until(lambda: worker.signals_sent >= 3, what="the observations")
+        await until(lambda: worker.counts.signals_sent >= 3, what="the observations")
         out = []
         for _ in range(100):
             out = await read_events(kafka_bootstrap, topics["out"], settle=0.5)
