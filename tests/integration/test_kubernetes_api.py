@@ -176,6 +176,7 @@ def test_status_patched_to_complete_through_the_status_subresource_is_seen_by_a_
         seen.append((event["type"], conditions))
         if conditions:
             break
+    assert seen, "the watch saw nothing within 10 s"
     assert seen[-1][0] == "MODIFIED"
     assert [(c["type"], c["status"], c["reason"]) for c in seen[-1][1]] == [
         ("Complete", "True", "AllJobsCompleted")
@@ -193,6 +194,18 @@ def test_status_written_through_the_main_resource_is_ignored(objects, k8s_namesp
     )
 
     assert not replaced.get("status", {}).get("conditions")
+
+
+def test_created_trainjob_gets_the_crd_defaults(objects, k8s_namespace):
+    created = create(objects, k8s_namespace, trainjob("defaults"))
+
+    assert created["spec"]["runtimeRef"] == {
+        "name": TORCH_DISTRIBUTED_RUNTIME,
+        "apiGroup": TRAINER_GROUP,
+        "kind": "ClusterTrainingRuntime",
+    }
+    assert created["spec"]["managedBy"] == "trainer.kubeflow.org/trainjob-controller"
+    assert created["spec"]["suspend"] is False
 
 
 def test_torch_distributed_cluster_training_runtime_is_installed(objects):
