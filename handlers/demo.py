@@ -43,10 +43,10 @@ REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "docs" / "examples" / "demo" / "rules.yaml"
 DATASET = Path(
     os.environ.get("TUNELOOP_DEMO_DATASET")
-    or REPO / "docs" / "examples" / "datasets" / "support-replies.jsonl"
+    or REPO / "docs" / "examples" / "datasets" / "unit-conversions.jsonl"
 )
 """The data the fine-tune learns from; `TUNELOOP_DEMO_DATASET` points at your own JSON Lines."""
-MODEL_ID = "support-assistant"
+MODEL_ID = "units-assistant"
 TOPICS = {"in": "demo.events", "out": "demo.finetune", "audit": "demo.audit", "dlq": "demo.dlq"}
 MODELS = {"smollm2": "smollm2-135m", "smollm2-135m": "smollm2-135m", "tiny": "tiny"}
 
@@ -87,6 +87,9 @@ def run_demo(*, model: str, keep: bool, timeout: float = 900.0) -> int:
     """Run the demo; return the process exit code."""
     if model not in MODELS:
         raise DemoError(f"unknown demo model {model!r}: use one of {sorted(MODELS)}")
+    # A SIGTERM (a CI timeout, `kill`) must unwind like Ctrl-C, so that the broker, the worker
+    # and a running trainer are stopped by the clean-up below instead of being orphaned.
+    signal.signal(signal.SIGTERM, _interrupt)
     root = Path(tempfile.mkdtemp(prefix="tuneloop-demo-"))
     run = DemoRun(root=root, model=MODELS[model])
     say(f"tuneloop demo — model {run.model}, files under {root}")
@@ -106,6 +109,10 @@ def run_demo(*, model: str, keep: bool, timeout: float = 900.0) -> int:
             say(f"\nkept {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _write_rules(run: DemoRun) -> None:
@@ -190,14 +197,14 @@ def _event(kind: str, n: int, data: dict[str, Any], source: str) -> CloudEvent:
 
 def _data_arrived(n: int) -> CloudEvent:
     data = {
-        "dataset_id": "support-replies",
+        "dataset_id": "unit-conversions",
         "model_id": MODEL_ID,
         "uri": DATASET.as_uri(),
         "rows": sum(1 for _ in DATASET.open(encoding="utf-8")),
         "format": "jsonl",
         "version": str(n),
     }
-    return _event("data.arrived", n, data, "/pipelines/support-export")
+    return _event("data.arrived", n, data, "/pipelines/units-export")
 
 
 def _drift(n: int, value: float) -> CloudEvent:

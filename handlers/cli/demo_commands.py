@@ -31,4 +31,7 @@ def register(app: typer.Typer) -> None:
         except (DemoError, ConfigError) as exc:
             typer.echo(f"\ntuneloop demo failed: {exc}", err=True)
             raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            typer.echo("\ntuneloop demo interrupted; everything it started was stopped", err=True)
+            raise typer.Exit(130) from None
         raise typer.Exit(code)
