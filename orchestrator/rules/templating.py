@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from orchestrator.rules.expressions import Activation, EvaluationError, Expression
 
@@ -172,11 +173,22 @@ RESOURCE_FIELDS: Mapping[str, Checker] = {
     "cpu": _optional(_text),
     "memory": _optional(_text),
 }
+
+
+def _location(name: str, value: Any) -> str:
+    # A rule like `dataset: "file:///data/${ key }.jsonl"` confines the producer's text to a
+    # directory; a `..` segment (plain or percent-encoded) would walk out of it.
+    text = _text(name, value)
+    if ".." in unquote(text).replace("\\", "/").split("/"):
+        raise TemplateError(f"{name} must not contain a '..' path segment, got {text[:200]!r}")
+    return text
+
+
 TEXT_FIELDS: Mapping[str, Checker] = {
     "runtime": _text,
     "base_model": _text,
-    "dataset": _text,
-    "output_uri": _optional(_text),
+    "dataset": _location,
+    "output_uri": _optional(_location),
 }
 
 
