@@ -59,16 +59,17 @@ def trainjob(name: str, **spec_changes: Any) -> dict[str, Any]:
 def create(
     objects: client.CustomObjectsApi, namespace: str, body: dict[str, Any], **options: Any
 ) -> dict[str, Any]:
-    created: dict[str, Any] = objects.create_namespaced_custom_object(
+    created = objects.create_namespaced_custom_object(
         TRAINER_GROUP, TRAINER_API_VERSION, namespace, "trainjobs", body, **options
     )
+    assert isinstance(created, dict)
     return created
 
 
 def rejection(call: Any) -> tuple[int, str]:
     with pytest.raises(client.ApiException) as caught:
         call()
-    status = json.loads(caught.value.body)
+    status = json.loads(caught.value.body or "{}")
     return caught.value.status, status["message"]
 
 
@@ -234,4 +235,5 @@ def test_local_api_restarted_on_the_same_address_keeps_its_trainjobs(
         kept = client.CustomObjectsApi(api).get_namespaced_custom_object(
             TRAINER_GROUP, TRAINER_API_VERSION, k8s_namespace, "trainjobs", "survives-restart"
         )
+    assert isinstance(kept, dict)
     assert kept["spec"]["runtimeRef"]["name"] == TORCH_DISTRIBUTED_RUNTIME
