@@ -13,7 +13,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -114,6 +114,8 @@ _LAUNCH_KEYS = (
     "deadline",
     "output_uri",
 )
+_TEXT_FIELDS = frozenset({"cpu", "memory"})
+"""The only lora/training/resources fields that are text (so may mix `${ }` with text)."""
 DEFAULT_WINDOW = timedelta(days=1)
 MAX_RULE_NAME = 40
 EVENT_VARIABLES = frozenset({"event"})
@@ -866,16 +868,7 @@ def _template(ctx: _Context, mapping: Loc, name: str, section: str) -> Template 
             return None
     template = Template(parts=tuple(parts))
     is_text = len(parts) > 1 or isinstance(parts[0], str)
-    if is_text and section and name in _NON_TEXT(section):
+    if is_text and section and name not in _TEXT_FIELDS:
         ctx.add(mark, f"{label}: text around `${{ }}` makes a string, but {label} is not text")
         return None
     return template
-
-
-def _NON_TEXT(section: str) -> set[str]:  # noqa: N802 - reads as a constant table lookup
-    table: Mapping[str, Callable[[str, Any], Any]] = {
-        "lora": LORA_FIELDS,
-        "training": TRAINING_FIELDS,
-        "resources": RESOURCE_FIELDS,
-    }[section]
-    return {name for name in table if name not in ("cpu", "memory")}
