@@ -378,3 +378,16 @@ def test_a_key_state_from_elsewhere_is_refused_with_a_clear_error():
     for bad in ({"format": 99}, {"format": 1, "rules": {"r": {"entries": [[1]]}}}, []):
         with pytest.raises(ValueError, match="key state"):
             KeyState.from_json(bad)
+
+
+def test_a_key_cannot_walk_a_templated_dataset_out_of_its_directory():
+    rules = rules_from("""
+        rules:
+          - name: r
+            on: {type: io.tuneloop.drift.detected.v1}
+            key: event.data.model_id
+            launch: {runtime: rt, base_model: m, dataset: "file:///data/${ key }.jsonl"}
+    """)
+    _, records = feed(rules, [drift(1, 0, model="..%2F..%2Fetc")], key="..%2F..%2Fetc")
+    assert outcomes(records) == [("error", "template-error")]
+    assert "'..' path segment" in records[0].message
