@@ -43,6 +43,13 @@ def _consume(consumer: KafkaConsumer, *, count: int, timeout_s: float = 20.0) ->
     return values
 
 
+def _raw_topic(app: faust.App, name: str) -> faust.TopicT:
+    """A faust topic of plain bytes: no codec between the test and the broker."""
+    return app.topic(
+        name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+    )
+
+
 def _group_id() -> str:
     return f"tuneloop-test-{uuid.uuid4().hex[:12]}"
 
@@ -177,20 +184,8 @@ async def test_a_faust_agent_round_trip_goes_through_the_broker(
         topic_partitions=1,
         broker_commit_interval=0.5,
     )
-    requests = app.topic(
-        new_topic("faust-in"),
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
-    replies = app.topic(
-        new_topic("faust-out"),
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
+    requests = _raw_topic(app, new_topic("faust-in"))
+    replies = _raw_topic(app, new_topic("faust-out"))
     received: asyncio.Queue[bytes] = asyncio.Queue()
 
     @app.agent(requests)
@@ -208,3 +203,41 @@ async def test_a_faust_agent_round_trip_goes_through_the_broker(
         reply = await asyncio.wait_for(received.get(), timeout=60)
 
     assert reply == b"HELLO BROKER"
+
+
+async def test_an_exactly_once_faust_agent_s_output_reaches_read_committed_readers(
+    kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    # One broker suffices because the transaction log has replication factor and min ISR 1.
+    app = faust.App(
+        f"tuneloop-eos-{uuid.uuid4().hex[:12]}",
+        broker=f"kafka://{kafka_bootstrap}",
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=1,
+        processing_guarantee="exactly_once",
+        broker_commit_interval=0.5,
+    )
+    source, sink = new_topic("eos-in"), new_topic("eos-out")
+    requests, replies = _raw_topic(app, source), _raw_topic(app, sink)
+
+    @app.agent(requests)
+    async def shout(stream):  # type: ignore[no-untyped-def]
+        async for value in stream:
+            await replies.send(value=value.upper())
+
+    async with faust_app_running(app, stop_timeout=30):
+        _produce(kafka_bootstrap, source, [b"one", b"two", b"three"])
+        reader = KafkaConsumer(
+            sink,
+            bootstrap_servers=kafka_bootstrap,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        try:
+            # Polling blocks; in a thread it leaves the loop to faust's agent and commits.
+            seen = await asyncio.to_thread(_consume, reader, count=3, timeout_s=60)
+        finally:
+            reader.close()
+
+    assert seen == [b"ONE", b"TWO", b"THREE"]

@@ -88,6 +88,13 @@ def test_topics_are_created_on_first_use() -> None:
     assert _render()["auto.create.topics.enable"] == "true"
 
 
+def test_a_crashed_broker_is_let_back_in_after_six_seconds_with_heartbeats_every_second() -> None:
+    props = _render()
+
+    assert props["broker.session.timeout.ms"] == "6000"
+    assert props["broker.heartbeat.interval.ms"] == "1000"
+
+
 def test_data_lives_in_the_given_directory() -> None:
     assert _render()["log.dirs"] == "/data/kafka"
 
@@ -113,14 +120,15 @@ def test_an_override_replaces_its_key_in_place_and_a_new_key_is_appended() -> No
         port=1,
         controller_port=2,
         data_dir=Path("/d"),
-        overrides={"num.partitions": "3", "broker.session.timeout.ms": "4000"},
+        overrides={"num.partitions": "3", "log.retention.hours": "1"},
     )
     keys = [line.split("=", 1)[0] for line in text.splitlines() if line and line[0] != "#"]
     props = _properties(text)
 
     assert props["num.partitions"] == "3"
-    assert props["broker.session.timeout.ms"] == "4000"
     assert keys.count("num.partitions") == 1
+    assert keys[-1] == "log.retention.hours"
+    assert props["log.retention.hours"] == "1"
 
 
 # --- versions ---------------------------------------------------------------------------------
