@@ -13,6 +13,7 @@ from handlers.cli import (
     event_commands,
     rule_commands,
     service_commands,
+    settings_commands,
     tail_commands,
     worker_commands,
 )
@@ -38,6 +39,7 @@ for module in (
     worker_commands,
     demo_commands,
     service_commands,
+    settings_commands,
 ):
     module.register(app)
 
