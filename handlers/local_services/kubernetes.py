@@ -206,7 +206,8 @@ def build_apiserver(cache: Path) -> Path:
         _write_stamp(binary, stamp)
         return binary
     _progress(f"building {stamp} (cold: about 8 min on 2 cores, then cached)")
-    with tempfile.TemporaryDirectory(dir=cache) as staging:
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=binary.parent, prefix=".apiserver-build-") as staging:
         env["GOBIN"] = staging
         _run_go(
             ["install", "-trimpath", "-ldflags=-s -w", stamp],
@@ -216,7 +217,6 @@ def build_apiserver(cache: Path) -> Path:
             what=stamp,
         )
         # Rename into place so that a half-written binary is never taken for a built one.
-        binary.parent.mkdir(parents=True, exist_ok=True)
         os.replace(Path(staging) / "apiextensions-apiserver", binary)
     _write_stamp(binary, stamp)
     return binary
@@ -230,15 +230,18 @@ def build_etcd(cache: Path) -> Path:
         return binary
     _progress("building etcd from deploy/local/etcd (cold: about 3 min on 2 cores)")
     binary.parent.mkdir(parents=True, exist_ok=True)
-    partial = binary.with_name("etcd.partial")
-    _run_go(
-        ["build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
-        env=go_environment(cache),
-        cwd=ETCD_WRAPPER_DIR,
-        log=cache / "logs" / "build-etcd.log",
-        what="etcd",
-    )
-    os.replace(partial, binary)
+    # Built beside the target and renamed into place: a concurrent `prepare` or an interrupted
+    # build never leaves a half-written etcd that looks built.
+    with tempfile.TemporaryDirectory(dir=binary.parent, prefix=".etcd-build-") as staging:
+        partial = Path(staging) / "etcd"
+        _run_go(
+            ["build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
+            env=go_environment(cache),
+            cwd=ETCD_WRAPPER_DIR,
+            log=cache / "logs" / "build-etcd.log",
+            what="etcd",
+        )
+        os.replace(partial, binary)
     _write_stamp(binary, stamp)
     return binary
 
