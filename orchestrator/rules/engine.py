@@ -96,7 +96,7 @@ class _Match:
 # and key expressions once. Keyed by object identity of the rule set and the event (and the
 # arrival time when the event has none); the result is a pure function of them, so the memo is
 # invisible from outside. The engine runs on one thread per worker (faust agents are asyncio).
-_memo: list[Any] = [None, None, None, ()]
+_memo: list[Any] = [None, None, None, (), None]
 
 
 def _matches(rules: RuleSet, event: CloudEvent, time: datetime | None = None) -> tuple[_Match, ...]:
@@ -104,16 +104,32 @@ def _matches(rules: RuleSet, event: CloudEvent, time: datetime | None = None) ->
     if _memo[0] is rules and _memo[1] is event and (event.time is not None or _memo[2] == at):
         cached: tuple[_Match, ...] = _memo[3]
         return cached
+    found, _ = _evaluate_triggers(rules, event, at)
+    return found
+
+
+def _evaluate_triggers(
+    rules: RuleSet, event: CloudEvent, at: datetime
+) -> tuple[tuple[_Match, ...], Activation | None]:
     triggers = rules.by_type.get(event.type)
     if not triggers:
-        return ()
+        return (), None
     variables = event_variables(event, time=at, data_fields=rules.data_fields.get(event.type))
     activation = Activation({"event": variables})
     found = tuple(
         match for trigger in triggers if (match := _match(trigger, event, activation)) is not None
     )
-    _memo[:] = [rules, event, at, found]
-    return found
+    _memo[:] = [rules, event, at, found, activation]
+    return found, activation
+
+
+def _activation(rules: RuleSet, event: CloudEvent, time: datetime) -> Activation:
+    """The activation `_matches` built for *event* (its data narrowed to the fields the rule
+    set reads, which includes every `sum.of`), or a fresh one."""
+    if _memo[0] is rules and _memo[1] is event and _memo[4] is not None:
+        cached: Activation = _memo[4]
+        return cached
+    return Activation({"event": event_variables(event, time=time, data_fields=None)})
 
 
 def _match(  # noqa: PLR0911 - one return per way a trigger can decline: reads as a checklist
@@ -415,13 +431,13 @@ def _process(
 ) -> KeyState:
     """Count (or join) one released event into every rule routed to *key*, then decide."""
     ident = identity(event)
-    activation: Activation | None = None
+    updated = dict(state.rules)
     for match in _matches(rules, event, time):
         if match.key != key:
             continue
         decider = _Decider(rules, match.trigger.rule, key)
         rule = decider.rule
-        rule_state = _expire(rule, state.rule(rule.name), time)
+        rule_state = _expire(rule, updated.get(rule.name) or state.rule(rule.name), time)
         ids = (event.id,)
         if _already_counted(rule_state, ident):
             message = "event already counted (same source and id)"
@@ -439,11 +455,8 @@ def _process(
         else:
             amount = 0.0
             if rule.sum is not None:
-                if activation is None:
-                    variables = event_variables(event, time=time, data_fields=None)
-                    activation = Activation({"event": variables})
                 try:
-                    amount = _amount(rule, activation)
+                    amount = _amount(rule, _activation(rules, event, time))
                 except EvaluationError as exc:
                     records.append(
                         decider.record(
@@ -461,8 +474,8 @@ def _process(
             decider, rule_state, time=time, event=event, via_join=join is not None
         )
         records += more
-        state = _with_rule(state, rule.name, rule_state)
-    return state
+        updated[rule.name] = rule_state
+    return KeyState(state.horizon, state.buffer, updated, state.wakeups)
 
 
 def _amount(rule: Rule, activation: Activation) -> float:
