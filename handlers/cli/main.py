@@ -11,9 +11,9 @@ import typer
 from handlers.cli import (
     demo_commands,
     event_commands,
+    reference_commands,
     rule_commands,
     service_commands,
-    settings_commands,
     tail_commands,
     worker_commands,
 )
@@ -39,7 +39,7 @@ for module in (
     worker_commands,
     demo_commands,
     service_commands,
-    settings_commands,
+    reference_commands,
 ):
     module.register(app)
 

@@ -1,10 +1,13 @@
-"""The settings reference (docs/reference/settings.md), generated from the code itself.
+"""Reference pages generated from the code itself: settings and CLI.
 
-Each settings field documents its unit, default and reason in an attribute docstring (kopf's
-habit); this module reads those docstrings from the source with `ast` and renders one table
-per group, plus the options of `tuneloop run`, so the reference cannot drift from the code:
-`tests/unit/test_settings_reference.py` fails when the committed page differs from
-`render()`. Regenerate with `tuneloop settings > docs/reference/settings.md`.
+- docs/reference/settings.md: each settings field documents its unit, default and reason in an
+  attribute docstring (kopf's habit); `settings_page()` reads those docstrings from the source
+  with `ast` and renders one table per group, plus the options of `tuneloop run`.
+- docs/reference/cli.md: `cli_page()` renders every command's usage, arguments and options
+  from the typer app.
+
+`tests/unit/test_reference_pages.py` fails when a committed page differs from what the code
+renders. Regenerate with `tuneloop reference settings > docs/reference/settings.md` (and `cli`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from orchestrator import settings as core_settings
 
@@ -132,12 +136,12 @@ def _worker() -> list[str]:
     ]
 
 
-def render() -> str:
-    """The whole reference page."""
+def settings_page() -> str:
+    """The whole settings reference page."""
     lines = [
         "# Settings reference",
         "",
-        "Generated from the settings' docstrings by `tuneloop settings`; do not edit by hand.",
+        "Generated from the settings' docstrings by `tuneloop reference settings`; do not edit.",
         "Every variable is optional unless marked required; unset ones keep their default.",
         "",
         *_worker(),
@@ -147,3 +151,43 @@ def render() -> str:
         *_kubernetes(),
     ]
     return "\n".join(lines) + "\n"
+
+
+def cli_page() -> str:
+    """Every `tuneloop` command with its arguments and options."""
+    import typer.main
+
+    from handlers.cli.main import app
+
+    lines = [
+        "# CLI reference",
+        "",
+        "Generated from the commands by `tuneloop reference cli`; do not edit by hand.",
+        "",
+    ]
+
+    # typer vendors its own click, so commands are inspected by shape, not by class.
+    def walk(command: Any, path: str) -> None:
+        subcommands = getattr(command, "commands", None)
+        if subcommands is not None:
+            for name in sorted(subcommands):
+                walk(subcommands[name], f"{path} {name}")
+            return
+        summary = " ".join((command.help or "").split())
+        lines.extend([f"## `{path}`", "", summary, ""])
+        rows = []
+        for param in command.params:
+            if param.param_type_name == "argument":
+                rows.append(f"| `{(param.name or '').upper()}` | (argument) | |")
+                continue
+            if param.param_type_name != "option" or param.name == "help":
+                continue
+            default = "" if param.required or param.default is None else repr(param.default)
+            meaning = " ".join((param.help or "").split()).replace("|", "\\|")
+            env = f" (`{param.envvar}`)" if param.envvar else ""
+            rows.append(f"| `{'`, `'.join(param.opts)}`{env} | `{default}` | {meaning} |")
+        if rows:
+            lines.extend(["| option | default | meaning |", "| --- | --- | --- |", *rows, ""])
+
+    walk(typer.main.get_command(app), "tuneloop")
+    return "\n".join(lines).rstrip() + "\n"
