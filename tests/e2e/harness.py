@@ -1,0 +1,534 @@
+"""Reusable pieces of the fault suites (tests/e2e/test_fault_*.py): real worker processes, a
+deterministic event stream, and the counting that proves "none lost, none doubled".
+
+API (everything a suite needs; other e2e tests may import it):
+
+- `FAULT_RULES`: the rule file the suites run (count 3 per model in 1 h, `allowed_lateness: 0s`).
+- `StreamPlan(seed, events, ...)`, `make_stream(plan) -> list[CloudEvent]`: a deterministic
+  stream of drift alarms over many models; each model gets 3 qualifying alarms (one launch) or
+  2 (none), interleaved with alarms below threshold. `write_jsonl(events, path)` writes it as
+  JSON Lines for `tuneloop simulate`.
+- `expected_launches(rules, events_jsonl) -> frozenset[str]`: the job names `tuneloop simulate
+  --json` decides for that file (the same engine, run as the CLI).
+- `WorkerConfig` + `WorkerProcess`: `tuneloop run --backend kubernetes` as a subprocess in its
+  own session, logging to a file; `start()`, `kill()` (SIGKILL to its process group),
+  `stop()` (SIGTERM, then SIGKILL), `log_tail()`. `workers_log_tails(...)` for failure messages.
+- `send_events(bootstrap, topic, events, between=...)`: produce with the model id as record
+  key; *between* is awaited every `chunk` events (where a suite injects its faults).
+- `read_topic(bootstrap, topic) -> list[CloudEvent]`: everything in a topic, read to its end
+  offsets (no settle-time guessing). `count_records(bootstrap, topic)` for raw counts (DLQ).
+- `trainjob_names(kubeconfig, namespace)`, `complete_trainjobs(kubeconfig, namespace, names)`
+  (patch `/status` to Complete, the way the Trainer controller does).
+- `wait_for(condition, what=, timeout=, on_timeout=)`: poll an (async or sync) predicate.
+- `Summary`: the counts; `.line()` is the one summary line every suite prints,
+  `.assert_exact()` fails on any loss or duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from handlers.codec import KafkaRecord, decode_record, encode_event, envelope_of
+from orchestrator.events import CloudEvent
+from runtimes.kubernetes.catalog import GROUP as TRAINER_GROUP
+from runtimes.kubernetes.catalog import VERSION as TRAINER_VERSION
+from runtimes.kubernetes.manifests import PLURAL as TRAINJOBS
+
+REPO = Path(__file__).resolve().parents[2]
+COMPLETED = "io.tuneloop.finetune.completed.v1"
+DRIFT = "io.tuneloop.drift.detected.v1"
+SOURCE = "/monitors/fault-suite"
+
+FAULT_RULES = """\
+runtimes: [torch-distributed]
+allowed_lateness: 0s
+rules:
+  - name: drift-retrain
+    on:
+      type: io.tuneloop.drift.detected.v1
+      where: "event.data.value > event.data.threshold"
+    key: "event.data.model_id"
+    window: 1h
+    count: 3
+    concurrency: forbid
+    launch:
+      runtime: torch-distributed
+      base_model: tiny
+      dataset: "file:///data/${ key }.jsonl"
+"""
+"""One launch per model that gets 3 qualifying alarms. A model never gets more than 3, so no
+launch depends on when an earlier job finished (`concurrency: forbid` is then never asked):
+the expected launches are a function of the stream alone, which `simulate` computes."""
+
+
+# --- the stream ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """What stream to make: *events* alarms in all, over models named `<prefix>-NNNNN`."""
+
+    seed: int
+    events: int
+    launch_share: float = 0.5
+    """Share of models that get 3 qualifying alarms (the rest get 2)."""
+    noise_per_model: int = 4
+    """Alarms below threshold per model on average (counted by nobody)."""
+    prefix: str = "m"
+
+
+def make_stream(plan: StreamPlan) -> list[CloudEvent]:
+    """*plan.events* drift alarms, the same for the same plan; times 50 ms apart, recent."""
+    rng = random.Random(plan.seed)
+    per_model: list[list[bool]] = []  # True: qualifying
+    total = 0
+    while total < plan.events:
+        qualifying = 3 if rng.random() < plan.launch_share else 2
+        noise = rng.randint(0, 2 * plan.noise_per_model)
+        kinds = [True] * qualifying + [False] * noise
+        rng.shuffle(kinds)
+        per_model.append(kinds)
+        total += len(kinds)
+    # Interleave the models: each draw takes the next alarm of a random unfinished model, so
+    # each model's alarms keep their order and spread over the stream.
+    cursors = [0] * len(per_model)
+    open_models = list(range(len(per_model)))
+    order: list[tuple[int, bool]] = []
+    while open_models and len(order) < plan.events:
+        slot = rng.randrange(len(open_models))
+        model = open_models[slot]
+        order.append((model, per_model[model][cursors[model]]))
+        cursors[model] += 1
+        if cursors[model] == len(per_model[model]):
+            open_models[slot] = open_models[-1]
+            open_models.pop()
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=0.05 * len(order) + 600)
+    events = []
+    for n, (model, qualifying) in enumerate(order):
+        model_id = f"{plan.prefix}-{model:05d}"
+        value = round(0.25 + rng.random() * 0.5, 3) if qualifying else round(rng.random() * 0.19, 3)
+        events.append(
+            CloudEvent(
+                id=f"s{plan.seed}-{n:06d}",
+                source=SOURCE,
+                type=DRIFT,
+                subject=model_id,
+                time=start + timedelta(milliseconds=50 * n),
+                datacontenttype="application/json",
+                data={"model_id": model_id, "metric": "psi", "value": value, "threshold": 0.2},
+                extensions={"partitionkey": model_id},
+            )
+        )
+    return events
+
+
+def write_jsonl(events: Iterable[CloudEvent], path: Path) -> Path:
+    """*events* as JSON Lines of CloudEvents (the JSON event format), for `simulate`."""
+    with path.open("w", encoding="utf-8") as out:
+        for event in events:
+            out.write(json.dumps(envelope_of(event), default=str) + "\n")
+    return path
+
+
+def expected_launches(rules: Path, events_jsonl: Path) -> frozenset[str]:
+    """The job names `tuneloop simulate --json` launches for *events_jsonl* under *rules*."""
+    answer = subprocess.run(
+        [
+            *(sys.executable, "-m", "handlers.cli.main", "simulate"),
+            *("--rules", str(rules), "--events", str(events_jsonl), "--json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if answer.returncode != 0:
+        raise AssertionError(f"tuneloop simulate failed ({answer.returncode}):\n{answer.stderr}")
+    names = []
+    for line in answer.stdout.splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if record["outcome"] == "launch":
+                names.append(record["job"]["name"])
+    if len(names) != len(set(names)):
+        raise AssertionError("simulate launched one job name twice: the stream plan is wrong")
+    return frozenset(names)
+
+
+# --- worker processes ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What every worker of one suite shares: broker, topics, group, rules, cluster."""
+
+    bootstrap: str
+    topics: dict[str, str]
+    group: str
+    rules: Path
+    kubeconfig: Path
+    namespace: str
+    internal_partitions: int = 2
+    log_level: str = "warning"
+    session_timeout: float = 8.0
+    """Seconds before the broker gives a killed worker's partitions away (faust's default
+    is 60 s; short here so that a kill costs seconds, not minutes)."""
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            TUNELOOP_KAFKA_BOOTSTRAP=self.bootstrap,
+            TUNELOOP_KAFKA_TOPICS_IN=self.topics["in"],
+            TUNELOOP_KAFKA_TOPIC_OUT=self.topics["out"],
+            TUNELOOP_KAFKA_TOPIC_AUDIT=self.topics["audit"],
+            TUNELOOP_KAFKA_TOPIC_DLQ=self.topics["dlq"],
+            TUNELOOP_KAFKA_GROUP_ID=self.group,
+            TUNELOOP_KAFKA_INTERNAL_PARTITIONS=str(self.internal_partitions),
+            # faust reads its own settings from the environment (no TUNELOOP_ prefix).
+            BROKER_SESSION_TIMEOUT=str(self.session_timeout),
+            BROKER_HEARTBEAT_INTERVAL="1.0",
+            BROKER_REBALANCE_TIMEOUT=str(self.session_timeout),
+            BROKER_COMMIT_INTERVAL="0.5",
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+
+@dataclass(slots=True)
+class WorkerProcess:
+    """One `tuneloop run` process; each `start()` is a new incarnation in the same log."""
+
+    config: WorkerConfig
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    kills: int = 0
+
+    def start(self) -> WorkerProcess:
+        if self.running:
+            raise RuntimeError("worker already running")
+        command = [
+            sys.executable,
+            "-m",
+            "handlers.cli.main",
+            "run",
+            "--rules",
+            str(self.config.rules),
+            "--backend",
+            "kubernetes",
+            "--kubeconfig",
+            str(self.config.kubeconfig),
+            "--namespace",
+            self.config.namespace,
+            "--log-level",
+            self.config.log_level,
+        ]
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== start {self.starts} at {datetime.now(UTC)} =====\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=self.config.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no shutdown hook, no flush, no commit."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.kills += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== killed (-9) at {datetime.now(UTC)} =====\n".encode())
+
+    def stop(self, *, grace: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path.exists():
+            return f"(no log at {self.log_path})"
+        text = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return f"--- {self.log_path} (last {lines} lines)\n" + "\n".join(text[-lines:])
+
+
+def workers_log_tails(workers: Sequence[WorkerProcess], lines: int = 60) -> str:
+    return "\n".join(worker.log_tail(lines) for worker in workers)
+
+
+# --- Kafka --------------------------------------------------------------------------------
+
+
+async def send_events(
+    bootstrap: str,
+    topic: str,
+    events: Sequence[CloudEvent],
+    *,
+    chunk: int = 100,
+    between: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
+    """Produce *events* in order (acks=all, idempotent); await *between(sent)* every *chunk*.
+
+    A broker that is down makes the producer retry until it is back (the producer's own
+    delivery timeout is raised to 5 minutes), so a suite can restart the broker meanwhile.
+    """
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        request_timeout_ms=30_000,
+        linger_ms=5,
+    )
+    await producer.start()
+    try:
+        for start in range(0, len(events), chunk):
+            pending = []
+            for event in events[start : start + chunk]:
+                record = encode_event(event)
+                pending.append(
+                    await producer.send(
+                        topic, value=record.value, key=record.key, headers=list(record.headers)
+                    )
+                )
+            for delivery in pending:
+                await _delivered(delivery)
+            if between is not None:
+                await between(min(start + chunk, len(events)))
+    finally:
+        await producer.stop()
+
+
+async def _delivered(delivery: Awaitable[Any]) -> None:
+    await asyncio.wait_for(delivery, timeout=300)
+
+
+async def _consume_to_end(bootstrap: str, topic: str) -> list[Any]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions is None:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not assigned:
+            return []
+        consumer.assign(assigned)
+        await consumer.seek_to_beginning(*assigned)
+        ends = await consumer.end_offsets(assigned)
+        messages: list[Any] = []
+        while [tp for tp in assigned if await consumer.position(tp) < ends[tp]]:
+            batches = await consumer.getmany(timeout_ms=1000)
+            for records in batches.values():
+                messages.extend(records)
+        return messages
+    finally:
+        await consumer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str) -> list[CloudEvent]:
+    """Every CloudEvent in *topic*, from the beginning to the end offsets of now."""
+    events: list[CloudEvent] = []
+    for message in await _consume_to_end(bootstrap, topic):
+        record = KafkaRecord(value=message.value, headers=tuple(message.headers), key=message.key)
+        events.extend(decode_record(record, max_event_bytes=50_000_000))
+    return events
+
+
+async def count_records(bootstrap: str, topic: str) -> int:
+    """How many records *topic* holds (undecoded: for the dead-letter topic)."""
+    return len(await _consume_to_end(bootstrap, topic))
+
+
+# --- Kubernetes ---------------------------------------------------------------------------
+
+
+def _objects(kubeconfig: Path) -> Any:
+    from kubernetes import client, config
+
+    return client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+def trainjob_names(kubeconfig: Path, namespace: str) -> list[str]:
+    """The names of every TrainJob in *namespace* (a list: the server never repeats one)."""
+    listing = _objects(kubeconfig).list_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, namespace, TRAINJOBS
+    )
+    return [item["metadata"]["name"] for item in listing["items"]]
+
+
+def complete_trainjobs(kubeconfig: Path, namespace: str, names: Iterable[str]) -> int:
+    """Patch each job's `/status` to Complete, as the Trainer controller does; return how many."""
+    from orchestrator.jobs.model import JobPhase
+    from tests.contract.test_kubernetes_backend_contract import trainer_status
+
+    objects = _objects(kubeconfig)
+    patched = 0
+    for name in names:
+        objects.patch_namespaced_custom_object_status(
+            TRAINER_GROUP,
+            TRAINER_VERSION,
+            namespace,
+            TRAINJOBS,
+            name,
+            {"status": trainer_status(JobPhase.SUCCEEDED)},
+        )
+        patched += 1
+    return patched
+
+
+# --- waiting and counting -----------------------------------------------------------------
+
+
+async def wait_for(
+    condition: Callable[[], Any],
+    *,
+    what: str,
+    timeout: float,
+    interval: float = 1.0,
+    on_timeout: Callable[[], Any] | None = None,
+) -> None:
+    """Poll *condition* (sync or async) until it is true; fail with *what* after *timeout* s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            details = on_timeout() if on_timeout is not None else ""
+            if inspect.isawaitable(details):
+                details = await details
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{details}")
+        await asyncio.sleep(interval)
+
+
+async def diagnosis(
+    *,
+    bootstrap: str,
+    topics: dict[str, str],
+    kubeconfig: Path,
+    namespace: str,
+    expected: frozenset[str],
+    workers: Sequence[WorkerProcess],
+) -> str:
+    """What a stuck suite has so far: TrainJobs vs expected, decisions by outcome, logs."""
+    names = set(trainjob_names(kubeconfig, namespace))
+    audit = await read_topic(bootstrap, topics["audit"])
+    outcomes = Counter(f"{e.data.get('outcome')}/{e.data.get('reason')}" for e in audit)
+    missing = sorted(expected - names)
+    audited = {str((e.data.get("job") or {}).get("name")) for e in audit if e.data.get("job")}
+    return (
+        f"trainjobs={len(names)} expected={len(expected)} missing={missing[:10]} "
+        f"(of which decided in the audit topic: {sorted(set(missing) & audited)[:10]})\n"
+        f"decisions: {dict(outcomes)}\n{workers_log_tails(workers)}"
+    )
+
+
+def completions_by_job(out: Iterable[CloudEvent]) -> dict[str, set[str]]:
+    """Completion event ids per job name (a redelivered copy has the same id)."""
+    found: dict[str, set[str]] = {}
+    for event in out:
+        if event.type == COMPLETED:
+            job = str(event.data.get("job") or event.subject or "")
+            found.setdefault(job, set()).add(event.id)
+    return found
+
+
+@dataclass(slots=True)
+class Summary:
+    """What one suite counted; `line()` is printed, `assert_exact()` decides."""
+
+    suite: str
+    events_sent: int
+    expected: frozenset[str]
+    trainjobs: Sequence[str]
+    completions: dict[str, set[str]] = field(default_factory=dict)
+    completion_copies: int = 0
+    dlq: int = 0
+    faults: str = ""
+
+    @property
+    def duplicates(self) -> int:
+        counts = Counter(self.trainjobs)
+        repeated = sum(n - 1 for n in counts.values())
+        return repeated + len(set(self.trainjobs) - self.expected)
+
+    @property
+    def lost(self) -> int:
+        return len(self.expected - set(self.trainjobs))
+
+    @property
+    def completion_count(self) -> int:
+        return sum(len(ids) for ids in self.completions.values())
+
+    def line(self) -> str:
+        text = (
+            f"events sent={self.events_sent} expected launches={len(self.expected)} "
+            f"trainjobs={len(self.trainjobs)} duplicates={self.duplicates} lost={self.lost} "
+            f"completions={self.completion_count} dlq={self.dlq}"
+        )
+        extra = f" (completion records on the wire={self.completion_copies}"
+        extra += f"; {self.faults})" if self.faults else ")"
+        return f"[{self.suite}] {text}{extra}"
+
+    def assert_exact(self, *, completions_expected: bool = True) -> None:
+        problems = []
+        if self.lost:
+            problems.append(f"lost launches: {sorted(self.expected - set(self.trainjobs))[:20]}")
+        if self.duplicates:
+            extra = sorted(set(self.trainjobs) - self.expected)[:20]
+            problems.append(f"duplicate or unexpected TrainJobs: {extra}")
+        if self.dlq:
+            problems.append(f"{self.dlq} good events were dead-lettered")
+        if completions_expected:
+            doubled = {job: ids for job, ids in self.completions.items() if len(ids) > 1}
+            missing = sorted(set(self.trainjobs) - set(self.completions))
+            foreign = sorted(set(self.completions) - set(self.trainjobs))
+            if doubled:
+                problems.append(f"jobs with more than one completion id: {doubled}")
+            if missing:
+                problems.append(f"jobs without a completion event: {missing[:20]}")
+            if foreign:
+                problems.append(f"completions of jobs that do not exist: {foreign[:20]}")
+        if problems:
+            raise AssertionError(self.line() + "\n" + "\n".join(problems))
