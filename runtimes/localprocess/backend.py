@@ -223,7 +223,8 @@ class LocalProcessBackend:
                     yield observation
                 finally:
                     if observation.phase.is_final:
-                        (job.directory / REPORTED_MARKER).write_text("reported\n")
+                        with contextlib.suppress(OSError):  # the directory was removed
+                            (job.directory / REPORTED_MARKER).write_text("reported\n")
         finally:
             self._observers.discard(inbox)
 

@@ -107,6 +107,9 @@ class TrainerConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     gradient_checkpointing: bool = False
+    cpu_threads: int | None = None
+    """torch threads on CPU; None = torch's default (one per core). 1 is much faster when the
+    cores are shared with other busy processes (OpenMP threads then wait on each other)."""
     save_steps: int = 100
     """Checkpoint every N optimiser steps (0: no checkpoints)."""
     save_total_limit: int = 2
@@ -358,6 +361,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "weight_decay": float,
     "max_grad_norm": float,
     "gradient_checkpointing": _boolean,
+    "cpu_threads": _optional(_integer),
     "save_steps": _integer,
     "save_total_limit": _integer,
     "resume": _path_text,
@@ -389,6 +393,8 @@ def _problems(config: TrainerConfig) -> list[str]:
     for name in ("save_steps", "save_total_limit", "warmup_steps"):
         if getattr(config, name) < 0:
             problems.append(f"{name} must not be negative")
+    if config.cpu_threads is not None and config.cpu_threads <= 0:
+        problems.append("cpu_threads must be positive when set")
     if config.logging_steps <= 0:
         problems.append("logging_steps must be positive")
     return problems

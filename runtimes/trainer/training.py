@@ -221,6 +221,8 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
         )
 
     use_cuda = torch.cuda.is_available()
+    if config.cpu_threads is not None and not use_cuda:
+        torch.set_num_threads(config.cpu_threads)
     bf16 = config.precision is Precision.BF16 or (
         config.precision is Precision.AUTO and use_cuda and torch.cuda.is_bf16_supported()
     )

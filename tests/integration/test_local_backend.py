@@ -107,7 +107,7 @@ def _phases(seen: list[Observation], name: str) -> list[JobPhase]:
 async def test_real_trainer_job_goes_pending_running_succeeded_with_its_result(
     tmp_path: Path, tiny_model_dir: Path, reverse_dataset: Path
 ):
-    async with _backend(tmp_path / "jobs") as backend:
+    async with _backend(tmp_path / "jobs", trainer_overrides={"cpu_threads": 1}) as backend:
         request = _request(
             "tl-real",
             base_model=str(tiny_model_dir),

@@ -35,6 +35,8 @@ def _config(model: Path, dataset: Path, output: Path, **changes: Any) -> Trainer
         "learning_rate": 3e-3,
         "batch_size": 8,
         "save_steps": 0,
+        # One thread: the CI cores are shared with the broker and API server (see docs/trainer.md).
+        "cpu_threads": 1,
         "progress": ProgressMode.NONE,
         "base_model_name": "tiny-llama",
     }
