@@ -231,6 +231,6 @@ def test_a_data_field_a_typo_away_from_the_schema_is_reported_with_a_suggestion(
 def test_extra_data_fields_the_schema_does_not_name_are_allowed():
     text = GOOD.replace(
         "on: {type: io.tuneloop.drift.detected.v1}",
-        'on: {type: io.tuneloop.drift.detected.v1, where: "event.data.team == \'nlp\'"}',
+        "on: {type: io.tuneloop.drift.detected.v1, where: \"event.data.team == 'nlp'\"}",
     )
     assert parse_files([Source("f.yaml", text)]).rules[0].on.where is not None
