@@ -54,8 +54,22 @@ def is_transient(exc: BaseException) -> bool:
     """Whether asking again later may succeed."""
     if isinstance(exc, ApiException):
         status = exc.status or 0
+        if status == 404 and exc.body and not _is_status_object(exc.body):
+            # A bare "404 page not found": the route itself is not served yet, which is what
+            # an API server answers for custom resources in the seconds after it restarts,
+            # before its CRD handlers are installed (found by tests/e2e/test_fault_api_outage).
+            # A missing object is a `Status` with reason NotFound, and stays permanent.
+            return True
         return status in {0, 429} or status >= 500
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+def _is_status_object(body: Any) -> bool:
+    try:
+        document = json.loads(body) if body else None
+    except (TypeError, ValueError):
+        return False
+    return isinstance(document, dict) and document.get("kind") == "Status"
 
 
 def translate(
