@@ -267,6 +267,7 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
         bf16=bf16,
         fp16=fp16,
         reporter=reporter,
+        selective_loss=_selective_loss_applies(base.config.model_type),
     )
     total_steps = _planned_steps(config, len(train_set), trainer)
 
@@ -343,6 +344,11 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
             "max_seq_length": config.max_seq_length,
             "seed": config.seed,
             "precision": "bf16" if bf16 else "fp16" if fp16 else "fp32",
+            "loss": (
+                "lm-head-on-trained-positions"
+                if _selective_loss_applies(base.config.model_type)
+                else "transformers"
+            ),
             "world_size": world_size,
             "device": "cuda" if use_cuda else "cpu",
         },
@@ -401,6 +407,7 @@ def _make_trainer(
     bf16: bool,
     fp16: bool,
     reporter: Reporter,
+    selective_loss: bool,
 ) -> tuple[Any, Any]:
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -442,7 +449,12 @@ def _make_trainer(
         label_names=["labels"],
     )
     progress = ProgressEvents(reporter, crash_at_step=_crash_step())
-    trainer = Trainer(
+    trainer_class: Any = Trainer
+    if selective_loss:
+        from runtimes.trainer.loss import TrainedTokensLossTrainer
+
+        trainer_class = TrainedTokensLossTrainer
+    trainer = trainer_class(
         model=model,
         args=arguments,
         train_dataset=to_dataset(train_set),
@@ -454,6 +466,13 @@ def _make_trainer(
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer, progress
+
+
+def _selective_loss_applies(model_type: str) -> bool:
+    from runtimes.trainer.loss import SELECTIVE_LOSS_MODEL_TYPES
+
+    single_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    return single_process and model_type in SELECTIVE_LOSS_MODEL_TYPES
 
 
 def _planned_steps(config: TrainerConfig, rows: int, trainer: Any) -> int:

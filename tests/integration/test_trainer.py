@@ -193,3 +193,32 @@ def test_cli_rejects_an_unknown_setting_with_exit_2(tmp_path: Path):
     )
     assert completed.returncode == 2
     assert "lora_rank" in completed.stdout
+
+
+def test_loss_on_trained_positions_only_equals_the_transformers_loss(
+    tiny_model_dir: Path, reverse_dataset: Path
+):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from runtimes.trainer import data
+    from runtimes.trainer.batching import make_collator
+    from runtimes.trainer.loss import trained_positions_loss
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = data.tokenize(data.read_examples(reverse_dataset)[:6], tokenizer, max_seq_length=64)
+    batch = make_collator(tokenizer.pad_token_id)(
+        [{"input_ids": list(r.input_ids), "labels": list(r.labels)} for r in rows]
+    )
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    ).eval()
+    with torch.no_grad():
+        expected = model(**batch).loss
+        ours = trained_positions_loss(model, batch)
+        trained = int((batch["labels"][:, 1:] != -100).sum())
+        summed = trained_positions_loss(model, batch, num_items_in_batch=2 * trained)
+    torch.testing.assert_close(ours, expected)
+    torch.testing.assert_close(summed, expected / 2)
