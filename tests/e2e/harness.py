@@ -20,6 +20,8 @@ API (everything a suite needs; other e2e tests may import it):
 - `trainjob_names(kubeconfig, namespace)`, `complete_trainjobs(kubeconfig, namespace, names)`
   (patch `/status` to Complete, the way the Trainer controller does).
 - `wait_for(condition, what=, timeout=, on_timeout=)`: poll an (async or sync) predicate.
+- `FaultRun`: one suite's run: stream, expected launches, worker config, and the steps every
+  suite shares (`send`, `wait_for_launches`, `complete_all`, `summary`).
 - `Summary`: the counts; `.line()` is the one summary line every suite prints,
   `.assert_exact()` fails on any loss or duplicate.
 """
@@ -532,3 +534,121 @@ class Summary:
                 problems.append(f"completions of jobs that do not exist: {foreign[:20]}")
         if problems:
             raise AssertionError(self.line() + "\n" + "\n".join(problems))
+
+
+@dataclass(slots=True)
+class FaultRun:
+    """One fault suite's run: the stream and what it must yield, and the shared steps.
+
+    A suite makes one with `FaultRun.prepare(...)`, starts workers from `config`, calls
+    `send(between=...)` injecting its fault in *between*, then `wait_for_launches`,
+    `complete_all` and `summary`.
+    """
+
+    events: list[CloudEvent]
+    expected: frozenset[str]
+    config: WorkerConfig
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    @classmethod
+    def prepare(
+        cls,
+        *,
+        plan: StreamPlan,
+        bootstrap: str,
+        topics: dict[str, str],
+        rules: Path,
+        kubeconfig: Path,
+        namespace: str,
+        group: str,
+        tmp_path: Path,
+    ) -> FaultRun:
+        events = make_stream(plan)
+        expected = expected_launches(rules, write_jsonl(events, tmp_path / "events.jsonl"))
+        config = WorkerConfig(
+            bootstrap=bootstrap,
+            topics=topics,
+            group=group,
+            rules=rules,
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+        )
+        return cls(events=events, expected=expected, config=config)
+
+    def created(self) -> int:
+        return len(trainjob_names(self.config.kubeconfig, self.config.namespace))
+
+    def diagnosis(self) -> Awaitable[str]:
+        return diagnosis(
+            bootstrap=self.config.bootstrap,
+            topics=self.config.topics,
+            kubeconfig=self.config.kubeconfig,
+            namespace=self.config.namespace,
+            expected=self.expected,
+            workers=self.workers,
+        )
+
+    async def send(
+        self, *, chunk: int, between: Callable[[int], Awaitable[None]] | None = None
+    ) -> None:
+        await send_events(
+            self.config.bootstrap,
+            self.config.topics["in"],
+            self.events,
+            chunk=chunk,
+            between=between,
+        )
+
+    async def wait_for_launches(self, *, timeout: float = 300) -> None:
+        await wait_for(
+            lambda: self.created() >= len(self.expected),
+            what=f"{len(self.expected)} TrainJobs",
+            timeout=timeout,
+            on_timeout=self.diagnosis,
+        )
+
+    async def complete_all(
+        self,
+        *,
+        slices: int = 1,
+        after_slice: Callable[[int], Awaitable[None]] | None = None,
+        timeout: float = 300,
+    ) -> None:
+        """Move every TrainJob to Complete in *slices*, awaiting *after_slice(n)* after each
+        but the last; then wait for a completion event of each."""
+        kubeconfig, namespace = self.config.kubeconfig, self.config.namespace
+        names = sorted(trainjob_names(kubeconfig, namespace))
+        for n in range(slices):
+            await asyncio.to_thread(complete_trainjobs, kubeconfig, namespace, names[n::slices])
+            if after_slice is not None and n < slices - 1:
+                await after_slice(n)
+
+        async def all_completed() -> bool:
+            out = await read_topic(self.config.bootstrap, self.config.topics["out"])
+            return set(completions_by_job(out)) >= set(names)
+
+        await wait_for(
+            all_completed,
+            what="a completion event per TrainJob",
+            timeout=timeout,
+            interval=2.0,
+            on_timeout=self.diagnosis,
+        )
+
+    async def summary(self, *, suite: str, faults: str, settle: float = 3.0) -> Summary:
+        """Stop the workers (after *settle* s, so that a late duplicate shows) and count."""
+        await asyncio.sleep(settle)
+        for worker in self.workers:
+            worker.stop()
+        bootstrap, topics = self.config.bootstrap, self.config.topics
+        out = await read_topic(bootstrap, topics["out"])
+        return Summary(
+            suite=suite,
+            events_sent=len(self.events),
+            expected=self.expected,
+            trainjobs=trainjob_names(self.config.kubeconfig, self.config.namespace),
+            completions=completions_by_job(out),
+            completion_copies=sum(1 for e in out if e.type == COMPLETED),
+            dlq=await count_records(bootstrap, topics["dlq"]),
+            faults=faults,
+        )

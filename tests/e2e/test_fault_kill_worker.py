@@ -16,28 +16,11 @@ import random
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from handlers.local_services.kubernetes import KubeEndpoint
-from tests.e2e.harness import (
-    StreamPlan,
-    Summary,
-    WorkerConfig,
-    WorkerProcess,
-    complete_trainjobs,
-    completions_by_job,
-    count_records,
-    diagnosis,
-    expected_launches,
-    make_stream,
-    read_topic,
-    send_events,
-    trainjob_names,
-    wait_for,
-    write_jsonl,
-)
+from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
 
@@ -56,99 +39,52 @@ async def kill_worker_repeatedly(
     tmp_path: Path,
 ) -> Summary:
     rng = random.Random(plan.seed)
-    events = make_stream(plan)
-    expected = expected_launches(rules, write_jsonl(events, tmp_path / "events.jsonl"))
-    config = WorkerConfig(
+    run = FaultRun.prepare(
+        plan=plan,
         bootstrap=kafka_bootstrap,
         topics=topics,
-        group=f"fault-kill-{uuid.uuid4().hex[:8]}",
         rules=rules,
         kubeconfig=kube_api.kubeconfig,
         namespace=namespace,
+        group=f"fault-kill-{uuid.uuid4().hex[:8]}",
+        tmp_path=tmp_path,
     )
-    (worker,) = workers(config)
-
-    def created() -> int:
-        return len(trainjob_names(kube_api.kubeconfig, namespace))
-
+    run.workers = workers(run.config)
+    (worker,) = run.workers
     started_with = [0]
-
-    def stuck() -> Any:
-        return diagnosis(
-            bootstrap=kafka_bootstrap,
-            topics=topics,
-            kubeconfig=kube_api.kubeconfig,
-            namespace=namespace,
-            expected=expected,
-            workers=[worker],
-        )
 
     def restart() -> None:
         worker.kill()
-        started_with[0] = created()
+        started_with[0] = run.created()
         worker.start()
 
     async def kill_once_it_worked(*, at_most: float) -> None:
         # Kill only a worker that has done something since it started (created a job), so
         # each kill lands mid-work, not during start-up; then at a random moment after that.
         await wait_for(
-            lambda: created() > started_with[0] or created() == len(expected),
+            lambda: run.created() > started_with[0] or run.created() == len(run.expected),
             what="the restarted worker to create a TrainJob",
             timeout=180,
-            on_timeout=stuck,
+            on_timeout=run.diagnosis,
         )
         await asyncio.sleep(rng.uniform(0, at_most))
         restart()
 
-    chunk = max(1, plan.events // (consume_kills + 1))
-
     async def between_chunks(sent: int) -> None:
-        if worker.kills < consume_kills and sent < len(events):
+        if worker.kills < consume_kills and sent < len(run.events):
             await kill_once_it_worked(at_most=2.0)
 
+    async def kill_soon_after_status_change(_: int) -> None:
+        # Some completions of the slice are out, others not yet: a kill between the status
+        # change and the publish.
+        await asyncio.sleep(rng.uniform(0.2, 1.5))
+        restart()
+
     worker.start()
-    await send_events(kafka_bootstrap, topics["in"], events, chunk=chunk, between=between_chunks)
-    await wait_for(
-        lambda: created() >= len(expected),
-        what=f"{len(expected)} TrainJobs",
-        timeout=300,
-        on_timeout=stuck,
-    )
-
-    # Move the jobs to Complete in slices; kill the worker right after each slice, when some
-    # completions are published and others not yet (between status change and publish).
-    names = sorted(trainjob_names(kube_api.kubeconfig, namespace))
-    slices = [names[i :: completion_kills + 1] for i in range(completion_kills + 1)]
-    for n, part in enumerate(slices):
-        await asyncio.to_thread(complete_trainjobs, kube_api.kubeconfig, namespace, part)
-        if n < completion_kills:
-            await asyncio.sleep(rng.uniform(0.2, 1.5))
-            restart()
-
-    async def all_completed() -> bool:
-        out = await read_topic(kafka_bootstrap, topics["out"])
-        return set(completions_by_job(out)) >= set(names)
-
-    await wait_for(
-        all_completed,
-        what="a completion event per TrainJob",
-        timeout=300,
-        interval=2.0,
-        on_timeout=stuck,
-    )
-    await asyncio.sleep(3)  # a late duplicate id would show up now
-    worker.stop()
-    out = await read_topic(kafka_bootstrap, topics["out"])
-    return Summary(
-        suite="kill -9 worker",
-        events_sent=len(events),
-        expected=expected,
-        trainjobs=trainjob_names(kube_api.kubeconfig, namespace),
-        completions=completions_by_job(out),
-        completion_copies=sum(1 for e in out if e.type.endswith("completed.v1")),
-        dlq=await count_records(kafka_bootstrap, topics["dlq"]),
-        faults=f"kills={worker.kills}",
-    )
+    await run.send(chunk=max(1, plan.events // (consume_kills + 1)), between=between_chunks)
+    await run.wait_for_launches()
+    await run.complete_all(slices=completion_kills + 1, after_slice=kill_soon_after_status_change)
+    return await run.summary(suite="kill -9 worker", faults=f"kills={worker.kills}")
 
 
 @pytest.mark.timeout(600)

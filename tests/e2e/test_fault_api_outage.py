@@ -1,0 +1,148 @@
+"""Fault suite 4: the Kubernetes API server is unavailable for 30 s while events flow.
+
+A real `tuneloop run --backend kubernetes` has created some TrainJobs when the test stops the
+local API server (etcd keeps its data) and keeps producing. Launches decided meanwhile fail
+with connection refused: the backend retries, then the service retries with backoff without
+giving up, holding the key's partition so that decisions keep their order. When the server
+returns, the backlog drains: the TrainJobs must be exactly the launches `tuneloop simulate`
+computed (a create whose answer was lost is recognised by its decision id, not doubled), and
+the job watch resumes, so each job gets exactly one `finetune.completed` event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from handlers.local_services.kubernetes import KubeEndpoint
+from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
+
+OUTAGE_SECONDS = 30.0
+
+
+async def api_outage_mid_stream(
+    *,
+    plan: StreamPlan,
+    outages: int,
+    kafka_bootstrap: str,
+    kube_api: KubeEndpoint,
+    namespace: str,
+    topics: dict[str, str],
+    rules: Path,
+    workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> Summary:
+    server = kube_api.server
+    if server is None:
+        pytest.skip("the Kubernetes API here is external; this test stops a local one")
+    run = FaultRun.prepare(
+        plan=plan,
+        bootstrap=kafka_bootstrap,
+        topics=topics,
+        rules=rules,
+        kubeconfig=kube_api.kubeconfig,
+        namespace=namespace,
+        group=f"fault-api-{uuid.uuid4().hex[:8]}",
+        tmp_path=tmp_path,
+    )
+    run.workers = workers(run.config)
+    (worker,) = run.workers
+    worker.start()
+    chunk = max(1, len(run.events) // (2 * outages + 1))
+    done = [0]
+    created_before = [0]
+
+    async def outage_every_other_chunk(sent: int) -> None:
+        if done[0] >= outages or sent // chunk % 2 == 0:
+            return
+        await wait_for(
+            lambda: run.created() > created_before[0],
+            what="the worker to create a TrainJob",
+            timeout=180,
+            on_timeout=run.diagnosis,
+        )
+        # Down for OUTAGE_SECONDS while the next chunk of events is produced.
+        await asyncio.to_thread(server.stop_apiserver)
+        loop = asyncio.get_running_loop()
+        loop.call_later(OUTAGE_SECONDS, lambda: restore.append(loop.create_task(back())))
+        done[0] += 1
+
+    restore: list[asyncio.Task[None]] = []
+
+    async def back() -> None:
+        await asyncio.to_thread(server.start)
+        created_before[0] = run.created()
+
+    try:
+        await run.send(chunk=chunk, between=outage_every_other_chunk)
+        while len(restore) < done[0] or not all(task.done() for task in restore):
+            await asyncio.sleep(0.5)
+        for task in restore:
+            await task
+    finally:
+        if not server.running():
+            server.start()
+    await run.wait_for_launches()
+    await run.complete_all()
+    assert worker.running, "the worker exited during the API outage"
+    return await run.summary(
+        suite="API server outage", faults=f"outages={done[0]}x{OUTAGE_SECONDS:.0f}s"
+    )
+
+
+@pytest.mark.timeout(600)
+async def test_launches_decided_while_the_api_server_is_down_are_retried_once_it_returns(
+    kafka_bootstrap: str,
+    kube_api: KubeEndpoint,
+    k8s_namespace: str,
+    fault_topics: dict[str, str],
+    fault_rules: Path,
+    fault_workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> None:
+    summary = await api_outage_mid_stream(
+        plan=StreamPlan(seed=7, events=800, launch_share=0.4),
+        outages=1,
+        kafka_bootstrap=kafka_bootstrap,
+        kube_api=kube_api,
+        namespace=k8s_namespace,
+        topics=fault_topics,
+        rules=fault_rules,
+        workers=fault_workers,
+        tmp_path=tmp_path,
+    )
+    print(summary.line())
+    summary.assert_exact()
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3600)
+async def test_soak_three_api_outages_over_ten_thousand_events(
+    kafka_bootstrap: str,
+    kube_api: KubeEndpoint,
+    k8s_namespace: str,
+    fault_topics: dict[str, str],
+    fault_rules: Path,
+    fault_workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> None:
+    summary = await api_outage_mid_stream(
+        plan=StreamPlan(seed=8, events=10_000, launch_share=0.5),
+        outages=3,
+        kafka_bootstrap=kafka_bootstrap,
+        kube_api=kube_api,
+        namespace=k8s_namespace,
+        topics=fault_topics,
+        rules=fault_rules,
+        workers=fault_workers,
+        tmp_path=tmp_path,
+    )
+    print(summary.line())
+    summary.assert_exact()
+    assert len(summary.expected) >= 200

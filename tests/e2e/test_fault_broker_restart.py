@@ -1,0 +1,125 @@
+"""Fault suite 3: the Kafka broker is restarted mid-stream on the same data directory.
+
+A real `tuneloop run` consumes while the local broker is stopped (controlled shutdown; the
+soak version also crashes it with SIGKILL) and started again on the same ports and data. The
+worker and the test's producer reconnect on their own; nothing is restarted by hand. The
+TrainJobs must be exactly the launches `tuneloop simulate` computed, each with exactly one
+`finetune.completed` event id, and the worker process must have survived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from handlers.local_services.kafka import LocalKafka
+from handlers.local_services.kubernetes import KubeEndpoint
+from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
+
+
+async def restart_broker_mid_stream(
+    *,
+    plan: StreamPlan,
+    crashes: tuple[bool, ...],
+    broker: LocalKafka,
+    kube_api: KubeEndpoint,
+    namespace: str,
+    topics: dict[str, str],
+    rules: Path,
+    workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> Summary:
+    run = FaultRun.prepare(
+        plan=plan,
+        bootstrap=broker.bootstrap,
+        topics=topics,
+        rules=rules,
+        kubeconfig=kube_api.kubeconfig,
+        namespace=namespace,
+        group=f"fault-broker-{uuid.uuid4().hex[:8]}",
+        tmp_path=tmp_path,
+    )
+    run.workers = workers(run.config)
+    (worker,) = run.workers
+    worker.start()
+    chunk = len(run.events) // (len(crashes) + 1)
+    restarts = list(crashes)
+    before = [0]
+
+    async def restart_once_it_worked(sent: int) -> None:
+        if not restarts:
+            return
+        await wait_for(
+            lambda: run.created() > before[0],
+            what="the worker to create a TrainJob",
+            timeout=180,
+            on_timeout=run.diagnosis,
+        )
+        crash = restarts.pop(0)
+        await asyncio.to_thread(broker.restart, graceful=not crash)
+        before[0] = run.created()
+
+    await run.send(chunk=chunk, between=restart_once_it_worked)
+    await run.wait_for_launches()
+    await run.complete_all()
+    assert worker.running, "the worker exited during the broker restart"
+    kinds = ",".join("crash" if c else "graceful" for c in crashes)
+    return await run.summary(suite="broker restart", faults=f"broker restarts={kinds}")
+
+
+@pytest.mark.timeout(600)
+async def test_a_broker_restart_mid_stream_loses_and_doubles_nothing(
+    kafka_broker: LocalKafka,
+    kube_api: KubeEndpoint,
+    k8s_namespace: str,
+    fault_topics: dict[str, str],
+    fault_rules: Path,
+    fault_workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> None:
+    summary = await restart_broker_mid_stream(
+        plan=StreamPlan(seed=5, events=800, launch_share=0.4),
+        crashes=(False,),
+        broker=kafka_broker,
+        kube_api=kube_api,
+        namespace=k8s_namespace,
+        topics=fault_topics,
+        rules=fault_rules,
+        workers=fault_workers,
+        tmp_path=tmp_path,
+    )
+    print(summary.line())
+    summary.assert_exact()
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3600)
+async def test_soak_broker_stopped_and_crashed_over_ten_thousand_events(
+    kafka_broker: LocalKafka,
+    kube_api: KubeEndpoint,
+    k8s_namespace: str,
+    fault_topics: dict[str, str],
+    fault_rules: Path,
+    fault_workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> None:
+    summary = await restart_broker_mid_stream(
+        plan=StreamPlan(seed=6, events=10_000, launch_share=0.5),
+        crashes=(False, True, False),
+        broker=kafka_broker,
+        kube_api=kube_api,
+        namespace=k8s_namespace,
+        topics=fault_topics,
+        rules=fault_rules,
+        workers=fault_workers,
+        tmp_path=tmp_path,
+    )
+    print(summary.line())
+    summary.assert_exact()
+    assert len(summary.expected) >= 200

@@ -1,0 +1,133 @@
+"""Fault suite 2: two workers in one consumer group, one killed with SIGKILL mid-stream.
+
+Both `tuneloop run` processes share the group, so the input and the keyed topic are split
+between them (the test waits until the broker shows both members with partitions). One is
+killed mid-stream; after its session times out its partitions move to the survivor, which
+rebuilds the rule state of those keys from the changelog topics: a model whose first alarms
+were counted by the dead worker launches on the survivor when its third alarm arrives. The
+TrainJobs must be exactly the launches `tuneloop simulate` computed, each with exactly one
+`finetune.completed` event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from handlers.local_services.kubernetes import KubeEndpoint
+from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
+
+
+def members_with_partitions(bootstrap: str, group: str) -> int:
+    """How many members of *group* the broker shows with a partition assigned."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        (description,) = admin.describe_consumer_groups([group])
+        return sum(1 for member in description.members if member.member_assignment.assignment)
+    finally:
+        admin.close()
+
+
+async def two_workers_one_killed(
+    *,
+    plan: StreamPlan,
+    kafka_bootstrap: str,
+    kube_api: KubeEndpoint,
+    namespace: str,
+    topics: dict[str, str],
+    rules: Path,
+    workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> Summary:
+    group = f"fault-two-{uuid.uuid4().hex[:8]}"
+    run = FaultRun.prepare(
+        plan=plan,
+        bootstrap=kafka_bootstrap,
+        topics=topics,
+        rules=rules,
+        kubeconfig=kube_api.kubeconfig,
+        namespace=namespace,
+        group=group,
+        tmp_path=tmp_path,
+    )
+    run.workers = workers(run.config, count=2)
+    survivor, victim = run.workers
+    for worker in run.workers:
+        worker.start()
+    half = len(run.events) // 2
+
+    async def kill_one_at_half(sent: int) -> None:
+        if sent != half:
+            return
+        await wait_for(
+            lambda: members_with_partitions(kafka_bootstrap, group) == 2,
+            what="both workers to hold partitions",
+            timeout=180,
+            on_timeout=run.diagnosis,
+        )
+        await asyncio.sleep(1.0)  # both are consuming the first half now
+        victim.kill()
+
+    await run.send(chunk=half, between=kill_one_at_half)
+    await run.wait_for_launches()
+    await run.complete_all()
+    assert survivor.running, "the surviving worker died"
+    return await run.summary(suite="two workers, one killed", faults=f"kills={victim.kills}")
+
+
+@pytest.mark.timeout(600)
+async def test_a_killed_worker_hands_its_partitions_and_state_to_the_other_without_loss(
+    kafka_bootstrap: str,
+    kube_api: KubeEndpoint,
+    k8s_namespace: str,
+    fault_topics: dict[str, str],
+    fault_rules: Path,
+    fault_workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> None:
+    summary = await two_workers_one_killed(
+        plan=StreamPlan(seed=3, events=800, launch_share=0.4),
+        kafka_bootstrap=kafka_bootstrap,
+        kube_api=kube_api,
+        namespace=k8s_namespace,
+        topics=fault_topics,
+        rules=fault_rules,
+        workers=fault_workers,
+        tmp_path=tmp_path,
+    )
+    print(summary.line())
+    summary.assert_exact()
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3600)
+async def test_soak_two_workers_one_killed_over_ten_thousand_events(
+    kafka_bootstrap: str,
+    kube_api: KubeEndpoint,
+    k8s_namespace: str,
+    fault_topics: dict[str, str],
+    fault_rules: Path,
+    fault_workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> None:
+    summary = await two_workers_one_killed(
+        plan=StreamPlan(seed=4, events=10_000, launch_share=0.5),
+        kafka_bootstrap=kafka_bootstrap,
+        kube_api=kube_api,
+        namespace=k8s_namespace,
+        topics=fault_topics,
+        rules=fault_rules,
+        workers=fault_workers,
+        tmp_path=tmp_path,
+    )
+    print(summary.line())
+    summary.assert_exact()
+    assert len(summary.expected) >= 200
