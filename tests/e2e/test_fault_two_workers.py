@@ -1,7 +1,7 @@
 """Fault suite 2: two workers in one consumer group, one killed with SIGKILL mid-stream.
 
 Both `tuneloop run` processes share the group, so the input and the keyed topic are split
-between them (the test waits until the broker shows both members with partitions). One is
+between them (the test waits until the broker shows both as members of a stable group). One is
 killed mid-stream; after its session times out its partitions move to the survivor, which
 rebuilds the rule state of those keys from the changelog topics: a model whose first alarms
 were counted by the dead worker launches on the survivor when its third alarm arrives. The
@@ -24,16 +24,21 @@ from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait
 pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
 
 
-def members_with_partitions(bootstrap: str, group: str) -> int:
-    """How many members of *group* the broker shows with a partition assigned."""
+def stable_members(bootstrap: str, group: str) -> int:
+    """How many members *group* has once the broker shows it `Stable` (assignment done)."""
     from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        (description,) = admin.describe_consumer_groups([group])
-        return sum(1 for member in description.members if member.member_assignment.assignment)
+        description = admin.describe_groups([group]).get(group) or {}
+    except KafkaError:  # no coordinator yet: the group is still forming
+        return 0
     finally:
         admin.close()
+    if str(description.get("group_state") or description.get("state")) != "Stable":
+        return 0
+    return len(description.get("members") or ())
 
 
 async def two_workers_one_killed(
@@ -68,7 +73,7 @@ async def two_workers_one_killed(
         if sent != half:
             return
         await wait_for(
-            lambda: members_with_partitions(kafka_bootstrap, group) == 2,
+            lambda: stable_members(kafka_bootstrap, group) == 2,
             what="both workers to hold partitions",
             timeout=180,
             on_timeout=run.diagnosis,
