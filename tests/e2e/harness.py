@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
@@ -386,7 +386,8 @@ async def count_records(bootstrap: str, topic: str) -> int:
 def _objects(kubeconfig: Path) -> Any:
     from kubernetes import client, config
 
-    return client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+    new_client = cast(Any, config).new_client_from_config  # untyped library
+    return client.CustomObjectsApi(new_client(config_file=str(kubeconfig)))
 
 
 def trainjob_names(kubeconfig: Path, namespace: str) -> list[str]:
