@@ -99,7 +99,7 @@ async def test_killing_the_worker_five_times_loses_and_doubles_no_launch_or_comp
 ) -> None:
     summary = await kill_worker_repeatedly(
         plan=StreamPlan(seed=1, events=2000, launch_share=0.3),
-        consume_kills=4,
+        consume_kills=3,
         completion_kills=2,
         kafka_bootstrap=kafka_bootstrap,
         kube_api=kube_api,
@@ -111,7 +111,7 @@ async def test_killing_the_worker_five_times_loses_and_doubles_no_launch_or_comp
     )
     print(summary.line())
     summary.assert_exact()
-    assert summary.faults == "kills=6"
+    assert summary.faults == "kills=5"
 
 
 @pytest.mark.soak
