@@ -206,7 +206,7 @@ def run(*, quick: bool) -> list[dict[str, object]]:
                     "max_seq_length": 128,
                     "cpu_threads": CPU_THREADS,
                 },
-                rounds=1,
+                rounds=2,
             )
     return rows
 

@@ -248,11 +248,16 @@ class LocalProcessBackend:
     # -- internals ----------------------------------------------------------------------------
 
     def _config_for(self, request: TrainingRequest, directory: Path) -> TrainerConfig:
-        output = (
-            request.output_uri.removeprefix("file://")
-            if request.output_uri
-            else str(directory / "output")
-        )
+        output = str(directory / "output")
+        if request.output_uri:
+            scheme = request.output_uri.partition("://")[0] if "://" in request.output_uri else ""
+            if scheme not in ("", "file"):
+                raise JobRejectedError(
+                    f"output_uri {request.output_uri} is not a local path; the local backend "
+                    "writes only to this machine's disk",
+                    reason="UnsupportedOutputUri",
+                )
+            output = request.output_uri.removeprefix("file://")
         profile = (self._runtimes or {}).get(request.runtime, {})
         overrides = {"progress": ProgressMode.JSON, **self._overrides, **profile}
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import JobRejectedError
 from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest, TrainingSettings
 from runtimes.localprocess.backend import LocalProcessBackend
 
@@ -238,3 +240,12 @@ async def test_job_running_across_an_orchestrator_restart_is_adopted_and_reporte
     assert [o.phase for o in seen if o.phase.is_final] == [JobPhase.SUCCEEDED]
     assert (root / "tl-long" / "runs").read_text() == "run\n"
     assert json.loads((root / "tl-long" / "exit.json").read_text())["returncode"] == 0
+
+
+async def test_an_output_uri_off_this_machine_is_rejected(tmp_path: Path):
+    async with _backend(tmp_path / "jobs") as backend:
+        request = dataclasses.replace(_request("tl-s3"), output_uri="s3://bucket/adapters")
+        with pytest.raises(JobRejectedError) as caught:
+            await backend.launch(request)
+    assert caught.value.reason == "UnsupportedOutputUri"
+    assert not (tmp_path / "jobs" / "tl-s3").exists()

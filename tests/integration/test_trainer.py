@@ -222,3 +222,17 @@ def test_loss_on_trained_positions_only_equals_the_transformers_loss(
         summed = trained_positions_loss(model, batch, num_items_in_batch=2 * trained)
     torch.testing.assert_close(ours, expected)
     torch.testing.assert_close(summed, expected / 2)
+
+
+def test_generation_from_base_and_adapter_is_text_and_reproducible(trained, tiny_model_dir):
+    from runtimes.trainer.generating import generate
+
+    output, _, _ = trained
+    prompt = "reverse: cat dog red =>"
+    base = generate(str(tiny_model_dir), prompt, max_new_tokens=8)
+    tuned = generate(str(tiny_model_dir), prompt, adapter=output / "adapter", max_new_tokens=8)
+    assert tuned == generate(
+        str(tiny_model_dir), prompt, adapter=output / "adapter", max_new_tokens=8
+    )
+    assert isinstance(base, str)
+    assert isinstance(tuned, str)
