@@ -58,6 +58,16 @@ rules:
 """
 
 
+WORKER_TRIES = 2
+"""Fresh workers to try: on this 2-core machine a worker sometimes never consumed its
+warm-up events (its internal keyed topic "not found in cluster metadata"); seen in 2 of 6
+runs, not understood yet. A retry is reported in the notes, never hidden."""
+
+
+class WorkerNotReadyError(RuntimeError):
+    """The worker under test launched none or only some of the warm-up events."""
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -268,7 +278,13 @@ async def _end_to_end(
                 await producer.send_and_wait(
                     f"e2e-in-{tag}", value=record.value, headers=list(record.headers)
                 )
-            await wait_created(warm, timeout=120)
+            await wait_created(warm, timeout=60)
+            if not all(event_id in created for event_id in warm):
+                crash = worker.app._crash_reason
+                raise WorkerNotReadyError(
+                    f"the worker launched {sum(i in created for i in warm)} of {WARMUP} warm-up "
+                    f"events in 60 s (crash: {crash!r}); no latency to measure"
+                )
             for number, (count, rate) in enumerate(phases):
                 sent: dict[str, float] = {}
                 ids = [f"e2e-{tag}-{number}-{i}" for i in range(count)]
@@ -297,7 +313,7 @@ def run(*, quick: bool) -> list[dict[str, object]]:
     from handlers.local_services import kubernetes as local_kubernetes
     from handlers.local_services.kafka import kafka_for_tests
 
-    count, light_count = (100, 20) if quick else (3000, 300)
+    count, light_count = (100, 20) if quick else (1500, 200)
     logging_config = structlog.get_config()
     # A log line per event would measure the terminal; warnings only while timing.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -317,15 +333,24 @@ def run(*, quick: bool) -> list[dict[str, object]]:
             print(f"bench: endtoend raw produce->consume done ({len(raw)})", file=sys.stderr)
             bare = _bare_creates(api, f"bench-bare-{uuid.uuid4().hex[:6]}", count, RATE)
             print(f"bench: endtoend bare create done ({len(bare)})", file=sys.stderr)
-            light, steady = asyncio.run(
-                _end_to_end(
-                    bootstrap,
-                    api,
-                    namespace=f"bench-e2e-{uuid.uuid4().hex[:6]}",
-                    workdir=Path(workdir),
-                    phases=[(light_count, LIGHT_RATE), (count, RATE)],
-                )
-            )
+            attempts: list[str] = []
+            while True:  # one more try with a fresh worker: see WORKER_TRIES
+                try:
+                    light, steady = asyncio.run(
+                        _end_to_end(
+                            bootstrap,
+                            api,
+                            namespace=f"bench-e2e-{uuid.uuid4().hex[:6]}",
+                            workdir=Path(workdir),
+                            phases=[(light_count, LIGHT_RATE), (count, RATE)],
+                        )
+                    )
+                    break
+                except WorkerNotReadyError as exc:
+                    attempts.append(str(exc))
+                    print(f"bench: endtoend {exc}", file=sys.stderr)
+                    if len(attempts) >= WORKER_TRIES:
+                        raise
             ours, missing, sustained = steady
             print(
                 f"bench: endtoend tuneloop done ({len(ours)}, {missing} missing)", file=sys.stderr
@@ -339,6 +364,8 @@ def run(*, quick: bool) -> list[dict[str, object]]:
     )
     if missing:
         notes += f"; {missing} events had no TrainJob within the wait (left out)"
+    if attempts:
+        notes += f"; worker retried after: {attempts[0]}"
     rows: list[dict[str, object]] = []
     for label, q in (("p50", 0.5), ("p99", 0.99)):
         value = _percentile(ours, q) * 1e3 if ours else float("nan")
