@@ -31,10 +31,9 @@ from typing import Any, cast
 import faust
 import structlog
 
-from handlers.codec import RecordInfo, encode_event
+from handlers.codec import EncodingMode, RecordInfo, encode_event
 from handlers.intake import FORWARD_HEADERS, Intake, build_intake
 from handlers.metrics import WorkerCounts
-from handlers.publishing import KafkaEventPublisher
 from handlers.rules_reloading import RulesReloader
 from orchestrator import signals
 from orchestrator.clock import Clock, SystemClock
@@ -48,7 +47,7 @@ from orchestrator.ports import TrainingBackend
 from orchestrator.rules import engine, loading
 from orchestrator.rules.engine import KeyState, RuleSet
 from orchestrator.service import Orchestrator
-from orchestrator.settings import Settings
+from orchestrator.settings import KafkaSettings, Settings
 from orchestrator.vocabulary.registry import SchemaRegistry
 
 log = structlog.get_logger("tuneloop.worker")
@@ -97,26 +96,31 @@ class TableCompletions:
         return context.get("key") if context else None
 
 
-class LazyPublisher:
-    """A `KafkaEventPublisher` that connects on first use and stops with the app."""
+class FaustTopicPublisher:
+    """The worker's `EventPublisher`: tuneloop's events go out through faust's own producer.
 
-    def __init__(self, publisher: KafkaEventPublisher) -> None:
-        self._publisher = publisher
-        self._started = False
-        self._lock = asyncio.Lock()
+    faust flushes its producer before it commits the input offsets, so an audit record or a
+    completion event is on the broker before the input that caused it counts as processed,
+    without waiting for an acknowledgement per event (which capped a partition at a few
+    dozen events a second). A crash before the flush replays the input, which publishes the
+    same events again, with the same ids.
+    """
+
+    def __init__(self, app: faust.App, kafka: KafkaSettings) -> None:
+        self._app = app
+        self._default_topic = kafka.topic_out
+        self._mode = EncodingMode(str(kafka.output_mode))
+        self._topics: dict[str, Any] = {}
 
     async def publish(self, event: CloudEvent, *, topic: str | None = None) -> None:
-        if not self._started:
-            async with self._lock:
-                if not self._started:
-                    await self._publisher.start()
-                    self._started = True
-        await self._publisher.publish(event, topic=topic)
-
-    async def stop(self) -> None:
-        if self._started:
-            await self._publisher.stop()
-            self._started = False
+        name = topic or self._default_topic
+        target = self._topics.get(name)
+        if target is None:
+            target = self._topics[name] = self._app.topic(
+                name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+            )
+        record = encode_event(event, mode=self._mode)
+        await target.send(key=record.key, value=record.value, headers=list(record.headers))
 
 
 @dataclass(slots=True)
@@ -127,7 +131,7 @@ class Worker:
     intake: Intake
     orchestrator: Orchestrator
     reloader: RulesReloader
-    publisher: LazyPublisher
+    publisher: FaustTopicPublisher
     counts: WorkerCounts = field(default_factory=WorkerCounts)
     ticks_pending: dict[str, datetime] = field(default_factory=dict)
     background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -152,7 +156,6 @@ def build_worker(
     clock = clock or SystemClock()
     kafka = settings.kafka
     rules = loading.load_rules(rule_paths)
-    publisher = LazyPublisher(KafkaEventPublisher(kafka))
     holder: dict[str, Orchestrator] = {}
     worker_tasks: set[asyncio.Task[None]] = set()
     counts = WorkerCounts(rules_version=rules.version)
@@ -188,6 +191,7 @@ def build_worker(
         **faust_options,
     )
     app = intake.app
+    publisher = FaustTopicPublisher(app, kafka)
     partitions = kafka.internal_partitions
     states = TableKeyStates(app.Table(RULE_STATE_TABLE, default=None, partitions=partitions))
     completions = TableCompletions(app.Table(JOBS_TABLE, default=None, partitions=partitions))
@@ -242,7 +246,7 @@ def _run_alongside(
     reload_interval: float,
 ) -> None:
     """Register what runs beside the agents: the observation pump, the ticker, the reloader."""
-    app, intake, reloader, publisher = worker.app, worker.intake, worker.reloader, worker.publisher
+    app, intake, reloader = worker.app, worker.intake, worker.reloader
     # faust's decorators are untyped; the functions below are checked, their registration not
     faust_app = cast(Any, app)
     keyed = app.topic(
@@ -305,15 +309,10 @@ def _run_alongside(
         if removed:
             log.info("finished_jobs_removed", jobs=list(removed))
 
-    async def stop_publisher(sender: Any, **kwargs: Any) -> None:
-        await publisher.stop()
-
     faust_app.task(pump_observations)
     faust_app.timer(interval=tick_interval)(tick_due_keys)
     faust_app.task(reload_rules)
     faust_app.timer(interval=FINISHED_JOB_SWEEP_SECONDS)(remove_finished_jobs)
-
-    faust_app.on_before_shutdown.connect(stop_publisher)
 
 
 async def _audit_routing_errors(orchestrator: Orchestrator, event: CloudEvent) -> None:
