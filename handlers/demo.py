@@ -384,14 +384,16 @@ def _event_json(event: CloudEvent) -> dict[str, Any]:
 
 
 def _compare(run: DemoRun, completed: CloudEvent) -> None:
-    from runtimes.trainer.generation import compare_generations
+    from runtimes.trainer.generating import generate
 
     adapter_uri = completed.data.get("adapter_uri")
     if not adapter_uri:
         raise DemoError("the completion event names no adapter")
     adapter = Path(adapter_uri.removeprefix("file://"))
     prompt = _demo_prompt()
-    base, tuned = compare_generations(run.model, adapter, prompt, max_new_tokens=40)
+    # Greedy decoding goes on past the answer; the first line is the answer.
+    base = generate(run.model, prompt, max_new_tokens=24).strip().split("\n")[0]
+    tuned = generate(run.model, prompt, adapter=adapter, max_new_tokens=24).strip().split("\n")[0]
     say(f"      prompt : {prompt!r}")
     say(f"      base   : {base!r}")
     say(f"      adapter: {tuned!r}")
