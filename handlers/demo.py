@@ -391,12 +391,16 @@ def _compare(run: DemoRun, completed: CloudEvent) -> None:
         raise DemoError("the completion event names no adapter")
     adapter = Path(adapter_uri.removeprefix("file://"))
     prompt = _demo_prompt()
-    # Greedy decoding goes on past the answer; the first line is the answer.
-    base = generate(run.model, prompt, max_new_tokens=24).strip().split("\n")[0]
-    tuned = generate(run.model, prompt, adapter=adapter, max_new_tokens=24).strip().split("\n")[0]
+    base = _first_line(generate(run.model, prompt, max_new_tokens=24))
+    tuned = _first_line(generate(run.model, prompt, adapter=adapter, max_new_tokens=24))
     say(f"      prompt : {prompt!r}")
     say(f"      base   : {base!r}")
     say(f"      adapter: {tuned!r}")
+
+
+def _first_line(text: str) -> str:
+    """Greedy decoding goes on past the answer; the first non-empty line is the answer."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 def _demo_prompt() -> str:
