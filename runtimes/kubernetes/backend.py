@@ -577,4 +577,8 @@ class KubernetesBackend:
                     return
                 yield str(kind), obj
         finally:
+            # Close, not just release: a watch left early still has chunks in flight, and a
+            # pooled connection with unread bytes makes the next request on the same client
+            # fail with BadStatusLine (seen when the orchestrator stopped mid-job).
+            response.close()
             response.release_conn()
