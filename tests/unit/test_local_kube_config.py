@@ -6,6 +6,7 @@ No server runs here; the real one is exercised by tests/integration/test_kuberne
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import ssl
 import threading
@@ -236,7 +237,12 @@ def test_etcd_with_a_stale_stamp_is_rebuilt_and_a_missing_go_is_named(monkeypatc
 
 def test_trainer_manifests_fall_back_to_the_reference_copy_without_go(monkeypatch, tmp_path):
     if not (local_kubernetes.REFERENCE_DIR / "v2.3.0").is_dir():
-        pytest.fail(f"the reference copy is missing: {local_kubernetes.REFERENCE_DIR}")
+        # CI lays shared/ beside the clone, so there a missing copy is a failure; a developer
+        # who cloned elsewhere only loses this one check.
+        message = f"the reference copy is missing: {local_kubernetes.REFERENCE_DIR}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
     monkeypatch.setenv("PATH", "")
 
     crds, runtimes, source = local_kubernetes.trainer_manifests(tmp_path)
