@@ -53,6 +53,11 @@ async def running(
         broker_commit_interval=0.2,
         topic_replication_factor=1,
         producer_max_request_size=4 * LIMIT,
+        # A worker whose stop did not leave the group in time holds its partitions until its
+        # session expires; faust's 60 s default outlasted the test's wait on a loaded machine.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=10.0,
     )
     async with faust_app_running(intake.app, stop_timeout=30):
         yield intake
