@@ -171,7 +171,9 @@ def build_worker(
         return tuple(dict.fromkeys(route.key for route in engine.route(current, event)))
 
     async def sink(key: str, event: CloudEvent, info: RecordInfo) -> None:
-        records = await holder["orchestrator"].handle(key, event, arrived_at=info.timestamp)
+        records = await holder["orchestrator"].handle(
+            key, event, arrived_at=info.timestamp, sequence=info.sequence
+        )
         counts.decisions.update(record.outcome.value for record in records)
 
     def accepts_unknown_type(event_type: str) -> bool:

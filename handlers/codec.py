@@ -96,6 +96,9 @@ class RecordInfo:
     offset: int
     timestamp: datetime | None = None
     key: bytes | None = None
+    sequence: int | None = None
+    """Delivery order among the records of one rule key: the keyed topic's offset, set by the
+    intake's keyed stage (the rule engine counts a re-delivered event by it)."""
 
 
 def is_json_content_type(content_type: str | None) -> bool:

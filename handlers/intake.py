@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -333,7 +333,7 @@ class _Pipeline:
             self.stats.duplicates += 1
             log.info("event_duplicate", event_id=event.id, source=event.source, key=key)
             return
-        await self.deliver(key, event, record, origin)
+        await self.deliver(key, event, record, replace(origin, sequence=message.offset))
         self.seen.remember(entry, partition=message.partition, now=moment)
 
     async def deliver(

@@ -123,18 +123,32 @@ class Orchestrator:
         return engine.next_wakeup(state) if state is not None else None
 
     async def handle(
-        self, key: str, event: CloudEvent, *, arrived_at: datetime | None = None
+        self,
+        key: str,
+        event: CloudEvent,
+        *,
+        arrived_at: datetime | None = None,
+        sequence: int | None = None,
     ) -> tuple[DecisionRecord, ...]:
-        """Handle one input of *key*: a producer's event or an internal signal."""
+        """Handle one input of *key*: a producer's event or an internal signal.
+
+        *sequence* is the input's delivery order among the inputs of *key* (see
+        `engine.evaluate`), so that an event the transport re-delivers is still counted.
+        """
         signal = signals.read_signal(event)
         if isinstance(signal, signals.Tick):
             return await self.handle_tick(key)
         if isinstance(signal, Observation):
             return await self.handle_observation(key, signal)
-        return await self.handle_event(key, event, arrived_at=arrived_at)
+        return await self.handle_event(key, event, arrived_at=arrived_at, sequence=sequence)
 
     async def handle_event(
-        self, key: str, event: CloudEvent, *, arrived_at: datetime | None = None
+        self,
+        key: str,
+        event: CloudEvent,
+        *,
+        arrived_at: datetime | None = None,
+        sequence: int | None = None,
     ) -> tuple[DecisionRecord, ...]:
         now = self._clock.now()
         state, records = engine.evaluate(
@@ -144,6 +158,7 @@ class Orchestrator:
             key=key,
             now=now,
             arrived_at=arrived_at or now,
+            sequence=sequence,
         )
         return await self._commit(key, state, records)
 

@@ -211,8 +211,16 @@ def evaluate(
     key: str,
     now: datetime,
     arrived_at: datetime | None = None,
+    sequence: int | None = None,
 ) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
-    """Decide about *event* for every rule routed to *key*; also run timers due by *now*."""
+    """Decide about *event* for every rule routed to *key*; also run timers due by *now*.
+
+    *sequence* is the event's delivery order for this key (the wiring passes the keyed
+    topic's offset). An event delivered with a lower sequence than one already processed was
+    sent before it and only arrives behind it because the transport re-delivered it (a
+    rebalance): it is counted where it belongs instead of being ruled `late`, unless a launch
+    already consumed its place in the window. Without a sequence, event time alone decides.
+    """
     state = state or KeyState()
     time = event.event_time(arrived_at or now)
     rule_names = _rules_for(rules, event, key, time)
@@ -237,7 +245,10 @@ def evaluate(
             for name in rule_names
         )
         return state, records
-    if state.horizon is not None and time < state.horizon:
+    redelivered = sequence is not None and state.sequence is not None and sequence < state.sequence
+    if sequence is not None and not redelivered:
+        state = replace(state, sequence=sequence)
+    if state.horizon is not None and time < state.horizon and not redelivered:
         lag = format_duration(state.horizon - time)
         message = (
             f"event time is {lag} behind what this key already processed "
@@ -314,7 +325,7 @@ def _with_rule(state: KeyState, name: str, rule_state: RuleState) -> KeyState:
     rules = dict(state.rules)
     rules[name] = rule_state
     # Spelled out: dataclasses.replace is a measurable share of the engine's time.
-    return KeyState(horizon=state.horizon, buffer=state.buffer, rules=rules, wakeups=state.wakeups)
+    return KeyState(state.horizon, state.buffer, rules, state.wakeups, state.sequence)
 
 
 def _advance(
@@ -339,7 +350,7 @@ def _advance(
     ]
     if released:
         buffer = tuple(b for b in state.buffer if b.time > cutoff)
-        state = KeyState(state.horizon, buffer, state.rules, state.wakeups)
+        state = KeyState(state.horizon, buffer, state.rules, state.wakeups, state.sequence)
     if due is not None:
         released.append((due[1], due[0]))
     for time, item in released:
@@ -351,7 +362,7 @@ def _advance(
         event = item if isinstance(item, CloudEvent) else event_from_json(item.event)
         state = _process(rules, state, key=key, event=event, time=time, records=records)
         horizon = time if state.horizon is None else max(state.horizon, time)
-        state = KeyState(horizon, state.buffer, state.rules, state.wakeups)
+        state = KeyState(horizon, state.buffer, state.rules, state.wakeups, state.sequence)
     if timers_due or released:
         state = _fire_timers(rules, state, key=key, until=cutoff, records=records, inclusive=True)
     touched = None if timers_due else {r.rule for r in records} | ({changed} if changed else set())
@@ -448,9 +459,18 @@ def _process(
             )
             continue
         join = match.trigger.join
+        behind = state.horizon is not None and time < state.horizon  # a re-delivered event
+        if behind and rule_state.last_launch is not None and time <= rule_state.last_launch:
+            message = "re-delivered after the launch that consumed its place in the window"
+            records.append(
+                decider.record(Outcome.LATE, None, time=time, event_ids=ids, message=message)
+            )
+            continue
         if join is not None:
             joined = dict(rule_state.joined)
-            joined[join.type] = Joined(event_to_json(event), ident, time)
+            newer = joined.get(join.type)
+            if newer is None or newer.time <= time:
+                joined[join.type] = Joined(event_to_json(event), ident, time)
             rule_state = rule_state.with_changes(joined=joined)
         else:
             amount = 0.0
@@ -468,14 +488,17 @@ def _process(
                         )
                     )
                     continue
-            entries = (*rule_state.entries, Entry(event.id, ident, time, amount))
+            entry = Entry(event.id, ident, time, amount)
+            entries = (*rule_state.entries, entry)
+            if behind:  # keep entries in event-time order, which expiry relies on
+                entries = tuple(sorted(entries, key=lambda e: e.time))
             rule_state = rule_state.with_changes(entries=entries)
         rule_state, more = _consider(
             decider, rule_state, time=time, event=event, via_join=join is not None
         )
         records += more
         updated[rule.name] = rule_state
-    return KeyState(state.horizon, state.buffer, updated, state.wakeups)
+    return KeyState(state.horizon, state.buffer, updated, state.wakeups, state.sequence)
 
 
 def _amount(rule: Rule, activation: Activation) -> float:
@@ -899,7 +922,9 @@ def _prune(
         else:
             kept[name] = current
         wakeups += rule_wakeups
-    return KeyState(state.horizon, state.buffer, kept, (min(wakeups),) if wakeups else ())
+    return KeyState(
+        state.horizon, state.buffer, kept, (min(wakeups),) if wakeups else (), state.sequence
+    )
 
 
 def _prune_rule(

@@ -204,6 +204,10 @@ class KeyState:
     rules: Mapping[str, RuleState] = field(default_factory=dict)
     wakeups: tuple[datetime, ...] = ()
     """Processing times at which `tick` has work (computed by the engine)."""
+    sequence: int | None = None
+    """Highest delivery sequence (the keyed topic's offset) of an event processed for this key:
+    an event delivered with a lower one was sent earlier and only arrives late because the
+    transport re-delivered it, so it is counted rather than ruled `late`."""
 
     def rule(self, name: str) -> RuleState:
         """This key's state of rule *name* (empty when the rule has none yet)."""
@@ -224,6 +228,7 @@ class KeyState:
             ],
             "rules": {name: _rule_to_json(state) for name, state in sorted(self.rules.items())},
             "wakeups": [_time(t) for t in self.wakeups],
+            "sequence": self.sequence,
         }
 
     @classmethod
@@ -253,6 +258,7 @@ class KeyState:
             ),
             rules={name: _rule_from_json(value) for name, value in data.get("rules", {}).items()},
             wakeups=tuple(parse_time(t) for t in data.get("wakeups", ())),
+            sequence=data.get("sequence"),
         )
 
 

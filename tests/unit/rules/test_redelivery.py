@@ -1,0 +1,86 @@
+"""An event the transport re-delivers behind later ones still counts; a producer's late one
+does not. The delivery sequence (the keyed topic's offset) tells the two apart."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from orchestrator.events import CloudEvent
+from orchestrator.ledger import Outcome
+from orchestrator.rules import engine
+from orchestrator.rules.engine import KeyState
+from orchestrator.rules.parsing import Source, parse_files
+from orchestrator.rules.state import KeyState as StoredKeyState
+
+T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
+RULES = parse_files(
+    [
+        Source(
+            "rules.yaml",
+            """
+runtimes: [torch-distributed]
+rules:
+  - name: drift
+    on: {type: io.tuneloop.drift.detected.v1}
+    key: "event.data.model_id"
+    window: 1h
+    count: 3
+    launch: {runtime: torch-distributed, base_model: tiny, dataset: "file:///d.jsonl"}
+""",
+        )
+    ]
+)
+
+
+def drift(n: int) -> CloudEvent:
+    return CloudEvent(
+        id=f"d{n}",
+        source="/m",
+        type="io.tuneloop.drift.detected.v1",
+        time=T0 + timedelta(minutes=n),
+        datacontenttype="application/json",
+        data={"model_id": "m", "metric": "psi", "value": 1.0, "threshold": 0.5},
+    )
+
+
+def feed(state: KeyState | None, n: int, sequence: int | None) -> tuple[KeyState, list[Outcome]]:
+    state, records = engine.evaluate(
+        RULES, state, drift(n), key="m", now=T0 + timedelta(hours=1), sequence=sequence
+    )
+    return state, [r.outcome for r in records]
+
+
+def test_an_event_redelivered_behind_a_later_one_is_counted_and_completes_the_window():
+    state, _ = feed(None, 1, sequence=10)
+    state, _ = feed(state, 3, sequence=12)
+    state, outcomes = feed(state, 2, sequence=11)  # sent before d3, delivered after it
+    assert outcomes == [Outcome.LAUNCH]
+
+
+def test_a_late_event_from_the_producer_is_still_late():
+    state, _ = feed(None, 1, sequence=10)
+    state, _ = feed(state, 3, sequence=11)
+    state, outcomes = feed(state, 2, sequence=12)  # sent after d3, but older
+    assert outcomes == [Outcome.LATE]
+
+
+def test_without_a_sequence_event_time_alone_decides():
+    state, _ = feed(None, 1, sequence=None)
+    state, _ = feed(state, 3, sequence=None)
+    state, outcomes = feed(state, 2, sequence=None)
+    assert outcomes == [Outcome.LATE]
+
+
+def test_a_redelivered_event_older_than_the_launch_that_consumed_its_window_does_not_count():
+    state, _ = feed(None, 1, sequence=10)
+    state, _ = feed(state, 2, sequence=11)
+    state, outcomes = feed(state, 4, sequence=13)
+    assert outcomes == [Outcome.LAUNCH]
+    state, outcomes = feed(state, 3, sequence=12)  # its place was in the window that launched
+    assert outcomes == [Outcome.LATE]
+
+
+def test_the_delivery_sequence_survives_a_restart():
+    state, _ = feed(None, 1, sequence=10)
+    restored = StoredKeyState.from_json(state.to_json())
+    assert restored.sequence == 10
