@@ -87,15 +87,11 @@ async def kill_worker_repeatedly(
     return await run.summary(suite="kill -9 worker", faults=f"kills={worker.kills}")
 
 
-# Known open bug (docs/guarantees.md, "Open: launches lost under repeated kill -9"): around the
-# rebalances that kills cause, faust 0.15.3's fetch loop can drop a fetched record of the keyed
-# topic and deliver it again after later ones; the engine then records it as `late` and a launch
-# can be missed (1 of 87 in the failing runs). Not strict, so that the suite keeps running and
-# reporting on every `make test` (XPASS when it holds) without turning CI red while the fix is
-# open; never a reason to loosen the assertions.
-@pytest.mark.xfail(
-    strict=False, reason="faust may re-deliver a dropped keyed record late under rebalance"
-)
+# The loss this suite found (faust re-delivering a dropped keyed record behind later ones
+# around a rebalance) is fixed by counting events by their delivery sequence; see
+# docs/guarantees.md. Kept non-strict until the 20-kill soak version has run clean, so that it
+# runs and reports on every `make test` without betting CI on one more faust edge case.
+@pytest.mark.xfail(strict=False, reason="kept non-strict until the soak suite runs clean")
 @pytest.mark.timeout(600)
 async def test_killing_the_worker_five_times_loses_and_doubles_no_launch_or_completion(
     kafka_bootstrap: str,
