@@ -197,13 +197,17 @@ async def test_a_restarted_worker_in_the_same_group_hands_each_event_to_the_sink
     async with running(settings, sink) as second:
         await until(
             lambda: (
-                second.stats.received == len(second_half)
-                and second.stats.handled + second.stats.duplicates == len(second_half)
+                second.stats.received >= len(second_half)
+                and second.stats.handled + second.stats.duplicates >= len(second_half)
+                and set(calls) == set(unique)
             ),
             what="the second worker to handle the rest",
         )
+    # Each event reached the sink exactly once. The transport may re-deliver a record around
+    # a rebalance (at-least-once); such a copy is skipped as a duplicate too, so the duplicate
+    # count is at least the number of copies the producer sent, not exactly that.
     assert sorted(calls) == sorted(unique)
-    assert first_duplicates + second.stats.duplicates == len(unique[::4])
+    assert first_duplicates + second.stats.duplicates >= len(unique[::4])
 
 
 async def test_an_event_that_never_reaches_a_rule_key_of_its_own_is_routed_by_subject(
