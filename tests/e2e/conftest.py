@@ -8,6 +8,8 @@ Fixtures:
 - `fault_rules`: `harness.FAULT_RULES` written to a file;
 - `fault_workers`: `fault_workers(config, count=1) -> list[WorkerProcess]`, each logging under
   the test's tmp dir; all are stopped at the end, and a failing test gets their log tails.
+- `fault_env`: all of the above with the broker, the API server and a namespace, as one
+  `harness.FaultEnv` that the suites take.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import FAULT_RULES, WorkerConfig, WorkerProcess, workers_log_tails
+from handlers.local_services.kubernetes import KubeEndpoint
+from tests.e2e.harness import (
+    FAULT_RULES,
+    FaultEnv,
+    WorkerConfig,
+    WorkerProcess,
+    workers_log_tails,
+)
 from tests.fixtures.kafka import TopicFactory
 
 _WORKERS = pytest.StashKey[list[WorkerProcess]]()
@@ -84,6 +93,27 @@ def fault_workers(
     finally:
         for worker in made:
             worker.stop()
+
+
+@pytest.fixture
+def fault_env(
+    kafka_bootstrap: str,
+    kube_api: KubeEndpoint,
+    k8s_namespace: str,
+    fault_topics: dict[str, str],
+    fault_rules: Path,
+    fault_workers: Callable[..., list[WorkerProcess]],
+    tmp_path: Path,
+) -> FaultEnv:
+    return FaultEnv(
+        bootstrap=kafka_bootstrap,
+        kube_api=kube_api,
+        namespace=k8s_namespace,
+        topics=fault_topics,
+        rules=fault_rules,
+        workers=fault_workers,
+        tmp_path=tmp_path,
+    )
 
 
 @pytest.hookimpl(wrapper=True)

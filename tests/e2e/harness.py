@@ -22,6 +22,9 @@ API (everything a suite needs; other e2e tests may import it):
 - `wait_for(condition, what=, timeout=, on_timeout=)`: poll an (async or sync) predicate.
 - `FaultRun`: one suite's run: stream, expected launches, worker config, and the steps every
   suite shares (`send`, `wait_for_launches`, `complete_all`, `summary`).
+- `FaultEnv`: what every suite runs against (broker address, API server, namespace, topics,
+  rules, the worker factory, a tmp dir), with `prepare_run(plan, group=...)`; the `fault_env`
+  fixture in conftest.py builds it.
 - `Summary`: the counts; `.line()` is the one summary line every suite prints,
   `.assert_exact()` fails on any loss or duplicate.
 """
@@ -49,6 +52,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from handlers.codec import KafkaRecord, decode_record, encode_event, envelope_of
+from handlers.local_services.kubernetes import KubeEndpoint
 from orchestrator.events import CloudEvent
 from runtimes.kubernetes.catalog import GROUP as TRAINER_GROUP
 from runtimes.kubernetes.catalog import VERSION as TRAINER_VERSION
@@ -668,4 +672,30 @@ class FaultRun:
             dlq=await count_records(bootstrap, topics["dlq"]),
             faults=faults,
             details=self.missing,
+        )
+
+
+@dataclass(frozen=True)
+class FaultEnv:
+    """Everything a fault suite runs against; built by the `fault_env` fixture."""
+
+    bootstrap: str
+    kube_api: KubeEndpoint
+    namespace: str
+    topics: dict[str, str]
+    rules: Path
+    workers: Callable[..., list[WorkerProcess]]
+    tmp_path: Path
+
+    def prepare_run(self, plan: StreamPlan, *, group: str) -> FaultRun:
+        """A run of *plan* by workers in consumer group *group* (no worker started yet)."""
+        return FaultRun.prepare(
+            plan=plan,
+            bootstrap=self.bootstrap,
+            topics=self.topics,
+            rules=self.rules,
+            kubeconfig=self.kube_api.kubeconfig,
+            namespace=self.namespace,
+            group=group,
+            tmp_path=self.tmp_path,
         )

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from handlers.local_services.kubernetes import KubeEndpoint
-from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait_for
+from tests.e2e.harness import FaultEnv, StreamPlan, Summary, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
 
@@ -30,28 +27,13 @@ async def api_outage_mid_stream(
     *,
     plan: StreamPlan,
     outages: int,
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    namespace: str,
-    topics: dict[str, str],
-    rules: Path,
-    workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    env: FaultEnv,
 ) -> Summary:
-    server = kube_api.server
+    server = env.kube_api.server
     if server is None:
         pytest.skip("the Kubernetes API here is external; this test stops a local one")
-    run = FaultRun.prepare(
-        plan=plan,
-        bootstrap=kafka_bootstrap,
-        topics=topics,
-        rules=rules,
-        kubeconfig=kube_api.kubeconfig,
-        namespace=namespace,
-        group=f"fault-api-{uuid.uuid4().hex[:8]}",
-        tmp_path=tmp_path,
-    )
-    run.workers = workers(run.config)
+    run = env.prepare_run(plan, group=f"fault-api-{uuid.uuid4().hex[:8]}")
+    run.workers = env.workers(run.config)
     (worker,) = run.workers
     worker.start()
     chunk = max(1, len(run.events) // (2 * outages + 1))
@@ -98,24 +80,12 @@ async def api_outage_mid_stream(
 
 @pytest.mark.timeout(600)
 async def test_launches_decided_while_the_api_server_is_down_are_retried_once_it_returns(
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    k8s_namespace: str,
-    fault_topics: dict[str, str],
-    fault_rules: Path,
-    fault_workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    fault_env: FaultEnv,
 ) -> None:
     summary = await api_outage_mid_stream(
         plan=StreamPlan(seed=7, events=800, launch_share=0.4),
         outages=1,
-        kafka_bootstrap=kafka_bootstrap,
-        kube_api=kube_api,
-        namespace=k8s_namespace,
-        topics=fault_topics,
-        rules=fault_rules,
-        workers=fault_workers,
-        tmp_path=tmp_path,
+        env=fault_env,
     )
     print(summary.line())
     summary.assert_exact()
@@ -124,24 +94,12 @@ async def test_launches_decided_while_the_api_server_is_down_are_retried_once_it
 @pytest.mark.soak
 @pytest.mark.timeout(3600)
 async def test_soak_three_api_outages_over_ten_thousand_events(
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    k8s_namespace: str,
-    fault_topics: dict[str, str],
-    fault_rules: Path,
-    fault_workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    fault_env: FaultEnv,
 ) -> None:
     summary = await api_outage_mid_stream(
         plan=StreamPlan(seed=8, events=10_000, launch_share=0.5),
         outages=3,
-        kafka_bootstrap=kafka_bootstrap,
-        kube_api=kube_api,
-        namespace=k8s_namespace,
-        topics=fault_topics,
-        rules=fault_rules,
-        workers=fault_workers,
-        tmp_path=tmp_path,
+        env=fault_env,
     )
     print(summary.line())
     summary.assert_exact()

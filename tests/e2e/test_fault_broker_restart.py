@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from handlers.local_services.kafka import LocalKafka
-from handlers.local_services.kubernetes import KubeEndpoint
-from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait_for
+from tests.e2e.harness import FaultEnv, StreamPlan, Summary, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
 
@@ -28,24 +25,10 @@ async def restart_broker_mid_stream(
     plan: StreamPlan,
     crashes: tuple[bool, ...],
     broker: LocalKafka,
-    kube_api: KubeEndpoint,
-    namespace: str,
-    topics: dict[str, str],
-    rules: Path,
-    workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    env: FaultEnv,
 ) -> Summary:
-    run = FaultRun.prepare(
-        plan=plan,
-        bootstrap=broker.bootstrap,
-        topics=topics,
-        rules=rules,
-        kubeconfig=kube_api.kubeconfig,
-        namespace=namespace,
-        group=f"fault-broker-{uuid.uuid4().hex[:8]}",
-        tmp_path=tmp_path,
-    )
-    run.workers = workers(run.config)
+    run = env.prepare_run(plan, group=f"fault-broker-{uuid.uuid4().hex[:8]}")
+    run.workers = env.workers(run.config)
     (worker,) = run.workers
     worker.start()
     chunk = len(run.events) // (len(crashes) + 1)
@@ -76,23 +59,13 @@ async def restart_broker_mid_stream(
 @pytest.mark.timeout(600)
 async def test_a_broker_restart_mid_stream_loses_and_doubles_nothing(
     kafka_broker: LocalKafka,
-    kube_api: KubeEndpoint,
-    k8s_namespace: str,
-    fault_topics: dict[str, str],
-    fault_rules: Path,
-    fault_workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    fault_env: FaultEnv,
 ) -> None:
     summary = await restart_broker_mid_stream(
         plan=StreamPlan(seed=5, events=800, launch_share=0.4),
         crashes=(False,),
         broker=kafka_broker,
-        kube_api=kube_api,
-        namespace=k8s_namespace,
-        topics=fault_topics,
-        rules=fault_rules,
-        workers=fault_workers,
-        tmp_path=tmp_path,
+        env=fault_env,
     )
     print(summary.line())
     summary.assert_exact()
@@ -102,23 +75,13 @@ async def test_a_broker_restart_mid_stream_loses_and_doubles_nothing(
 @pytest.mark.timeout(3600)
 async def test_soak_broker_stopped_and_crashed_over_ten_thousand_events(
     kafka_broker: LocalKafka,
-    kube_api: KubeEndpoint,
-    k8s_namespace: str,
-    fault_topics: dict[str, str],
-    fault_rules: Path,
-    fault_workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    fault_env: FaultEnv,
 ) -> None:
     summary = await restart_broker_mid_stream(
         plan=StreamPlan(seed=6, events=10_000, launch_share=0.5),
         crashes=(False, True, False),
         broker=kafka_broker,
-        kube_api=kube_api,
-        namespace=k8s_namespace,
-        topics=fault_topics,
-        rules=fault_rules,
-        workers=fault_workers,
-        tmp_path=tmp_path,
+        env=fault_env,
     )
     print(summary.line())
     summary.assert_exact()

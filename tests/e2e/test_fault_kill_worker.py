@@ -14,13 +14,10 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from handlers.local_services.kubernetes import KubeEndpoint
-from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait_for
+from tests.e2e.harness import FaultEnv, StreamPlan, Summary, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
 
@@ -30,26 +27,11 @@ async def kill_worker_repeatedly(
     plan: StreamPlan,
     consume_kills: int,
     completion_kills: int,
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    namespace: str,
-    topics: dict[str, str],
-    rules: Path,
-    workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    env: FaultEnv,
 ) -> Summary:
     rng = random.Random(plan.seed)
-    run = FaultRun.prepare(
-        plan=plan,
-        bootstrap=kafka_bootstrap,
-        topics=topics,
-        rules=rules,
-        kubeconfig=kube_api.kubeconfig,
-        namespace=namespace,
-        group=f"fault-kill-{uuid.uuid4().hex[:8]}",
-        tmp_path=tmp_path,
-    )
-    run.workers = workers(run.config)
+    run = env.prepare_run(plan, group=f"fault-kill-{uuid.uuid4().hex[:8]}")
+    run.workers = env.workers(run.config)
     (worker,) = run.workers
     started_with = [0]
 
@@ -94,25 +76,13 @@ async def kill_worker_repeatedly(
 @pytest.mark.xfail(strict=False, reason="kept non-strict until the soak suite runs clean")
 @pytest.mark.timeout(600)
 async def test_killing_the_worker_five_times_loses_and_doubles_no_launch_or_completion(
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    k8s_namespace: str,
-    fault_topics: dict[str, str],
-    fault_rules: Path,
-    fault_workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    fault_env: FaultEnv,
 ) -> None:
     summary = await kill_worker_repeatedly(
         plan=StreamPlan(seed=1, events=2000, launch_share=0.3),
         consume_kills=3,
         completion_kills=2,
-        kafka_bootstrap=kafka_bootstrap,
-        kube_api=kube_api,
-        namespace=k8s_namespace,
-        topics=fault_topics,
-        rules=fault_rules,
-        workers=fault_workers,
-        tmp_path=tmp_path,
+        env=fault_env,
     )
     print(summary.line())
     summary.assert_exact()
@@ -122,25 +92,13 @@ async def test_killing_the_worker_five_times_loses_and_doubles_no_launch_or_comp
 @pytest.mark.soak
 @pytest.mark.timeout(3600)
 async def test_soak_twenty_kills_over_ten_thousand_events(
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    k8s_namespace: str,
-    fault_topics: dict[str, str],
-    fault_rules: Path,
-    fault_workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    fault_env: FaultEnv,
 ) -> None:
     summary = await kill_worker_repeatedly(
         plan=StreamPlan(seed=2, events=10_000, launch_share=0.5),
         consume_kills=16,
         completion_kills=4,
-        kafka_bootstrap=kafka_bootstrap,
-        kube_api=kube_api,
-        namespace=k8s_namespace,
-        topics=fault_topics,
-        rules=fault_rules,
-        workers=fault_workers,
-        tmp_path=tmp_path,
+        env=fault_env,
     )
     print(summary.line())
     summary.assert_exact()

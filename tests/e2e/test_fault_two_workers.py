@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from handlers.local_services.kubernetes import KubeEndpoint
-from tests.e2e.harness import FaultRun, StreamPlan, Summary, WorkerProcess, wait_for
+from tests.e2e.harness import FaultEnv, StreamPlan, Summary, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]
 
@@ -44,26 +41,11 @@ def stable_members(bootstrap: str, group: str) -> int:
 async def two_workers_one_killed(
     *,
     plan: StreamPlan,
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    namespace: str,
-    topics: dict[str, str],
-    rules: Path,
-    workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    env: FaultEnv,
 ) -> Summary:
     group = f"fault-two-{uuid.uuid4().hex[:8]}"
-    run = FaultRun.prepare(
-        plan=plan,
-        bootstrap=kafka_bootstrap,
-        topics=topics,
-        rules=rules,
-        kubeconfig=kube_api.kubeconfig,
-        namespace=namespace,
-        group=group,
-        tmp_path=tmp_path,
-    )
-    run.workers = workers(run.config, count=2)
+    run = env.prepare_run(plan, group=group)
+    run.workers = env.workers(run.config, count=2)
     survivor, victim = run.workers
     for worker in run.workers:
         worker.start()
@@ -73,7 +55,7 @@ async def two_workers_one_killed(
         if sent != half:
             return
         await wait_for(
-            lambda: stable_members(kafka_bootstrap, group) == 2,
+            lambda: stable_members(env.bootstrap, group) == 2,
             what="both workers to hold partitions",
             timeout=180,
             on_timeout=run.diagnosis,
@@ -90,23 +72,11 @@ async def two_workers_one_killed(
 
 @pytest.mark.timeout(600)
 async def test_a_killed_worker_hands_its_partitions_and_state_to_the_other_without_loss(
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    k8s_namespace: str,
-    fault_topics: dict[str, str],
-    fault_rules: Path,
-    fault_workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    fault_env: FaultEnv,
 ) -> None:
     summary = await two_workers_one_killed(
         plan=StreamPlan(seed=3, events=800, launch_share=0.4),
-        kafka_bootstrap=kafka_bootstrap,
-        kube_api=kube_api,
-        namespace=k8s_namespace,
-        topics=fault_topics,
-        rules=fault_rules,
-        workers=fault_workers,
-        tmp_path=tmp_path,
+        env=fault_env,
     )
     print(summary.line())
     summary.assert_exact()
@@ -115,23 +85,11 @@ async def test_a_killed_worker_hands_its_partitions_and_state_to_the_other_witho
 @pytest.mark.soak
 @pytest.mark.timeout(3600)
 async def test_soak_two_workers_one_killed_over_ten_thousand_events(
-    kafka_bootstrap: str,
-    kube_api: KubeEndpoint,
-    k8s_namespace: str,
-    fault_topics: dict[str, str],
-    fault_rules: Path,
-    fault_workers: Callable[..., list[WorkerProcess]],
-    tmp_path: Path,
+    fault_env: FaultEnv,
 ) -> None:
     summary = await two_workers_one_killed(
         plan=StreamPlan(seed=4, events=10_000, launch_share=0.5),
-        kafka_bootstrap=kafka_bootstrap,
-        kube_api=kube_api,
-        namespace=k8s_namespace,
-        topics=fault_topics,
-        rules=fault_rules,
-        workers=fault_workers,
-        tmp_path=tmp_path,
+        env=fault_env,
     )
     print(summary.line())
     summary.assert_exact()
