@@ -239,7 +239,10 @@ def build_intake(
         async for delivered in stream.events():
             await pipeline.take_raw(delivered.message)
 
-    @app.agent(keyed, name="tuneloop-keyed")
+    # One actor per keyed partition: keys of different partitions are handled side by side
+    # (a launch waiting on the API server holds up only its own partition), while the inputs
+    # of one key still arrive in order, one at a time, as the rule state needs.
+    @app.agent(keyed, name="tuneloop-keyed", isolated_partitions=True)
     async def handle_keyed(stream: Any) -> None:
         async for delivered in stream.events():
             await pipeline.take_keyed(delivered.message)
