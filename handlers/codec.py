@@ -61,6 +61,8 @@ _CONTEXT_ATTRIBUTES = frozenset(
     {"id", "source", "specversion", "type", "subject", "time", "datacontenttype", "dataschema"}
 )
 _REQUIRED = ("id", "source", "specversion", "type")
+_COMMON_NAMES = _CONTEXT_ATTRIBUTES | {"partitionkey", "expirytime"}
+"""Attribute names known to be valid, so the name rule need not run its regex on them."""
 _NAME = re.compile(r"[a-z0-9]+")
 # RFC 3986 characters (unreserved, reserved, and '%' for percent-encoding).
 _URI_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
@@ -171,17 +173,21 @@ def _binding_headers(headers: Iterable[tuple[str, bytes]]) -> dict[str, str]:
     """`content-type` and `ce_*` headers as text; other headers are not ours to judge."""
     found: dict[str, str] = {}
     for name, raw in headers:
-        lowered = name.lower()
-        if lowered != CONTENT_TYPE_HEADER and not lowered.startswith(HEADER_PREFIX):
+        # Only the first three characters decide; lower-casing whole names cost more.
+        prefix = name[:3].lower()
+        if prefix == HEADER_PREFIX:
+            normalised = name
+        elif prefix == "con" and name.lower() == CONTENT_TYPE_HEADER:
+            normalised = CONTENT_TYPE_HEADER
+        else:
             continue
-        normalised = CONTENT_TYPE_HEADER if lowered == CONTENT_TYPE_HEADER else name
         if normalised in found:
             raise InvalidEventError(
                 Rejection.HEADER_DUPLICATED,
                 f"header {name!r} appears more than once; refusing to guess which is meant",
             )
         try:
-            found[normalised] = bytes(raw or b"").decode("utf-8")
+            found[normalised] = (raw if type(raw) is bytes else bytes(raw or b"")).decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidEventError(
                 Rejection.HEADER_NOT_UTF8, f"header {name!r} is not valid UTF-8"
@@ -270,9 +276,7 @@ def _parse_json(raw: bytes | None, code: Rejection, *, what: str) -> Any:
     except UnicodeDecodeError:
         raise InvalidEventError(code, f"the {what} is not valid UTF-8") from None
     try:
-        return json.loads(
-            text, object_pairs_hook=_refuse_duplicate_members, parse_constant=_refuse_constant
-        )
+        return _STRICT_JSON.decode(text)
     except (json.JSONDecodeError, _JsonShapeError, RecursionError) as exc:
         raise InvalidEventError(code, f"the {what} is not valid JSON: {exc}") from None
 
@@ -282,16 +286,25 @@ class _JsonShapeError(ValueError):
 
 
 def _refuse_duplicate_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for name, value in pairs:
-        if name in result:
+    result = dict(pairs)
+    if len(result) == len(pairs):
+        return result
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name in seen:
             raise _JsonShapeError(f"member {name!r} appears twice")
-        result[name] = value
-    return result
+        seen.add(name)
+    raise AssertionError("unreachable: a shorter dict means a repeated name")
 
 
 def _refuse_constant(name: str) -> Any:
     raise _JsonShapeError(f"{name} is not JSON")
+
+
+# One decoder for all records: json.loads with hooks would build a new one per call.
+_STRICT_JSON = json.JSONDecoder(
+    object_pairs_hook=_refuse_duplicate_members, parse_constant=_refuse_constant
+)
 
 
 def _build_event(attributes: Mapping[str, Any], data: Any, key: str | None) -> CloudEvent:
@@ -326,7 +339,7 @@ def _build_event(attributes: Mapping[str, Any], data: Any, key: str | None) -> C
 
 def _check_names_and_required(attributes: Mapping[str, Any]) -> None:
     for name in attributes:
-        if not _NAME.fullmatch(name) or name == "data":
+        if name not in _COMMON_NAMES and (not _NAME.fullmatch(name) or name == "data"):
             raise InvalidEventError(
                 Rejection.ATTRIBUTE_NAME_INVALID,
                 f"attribute name {name!r} must be lower-case a-z and 0-9 and not 'data'",
