@@ -15,6 +15,7 @@ when the other side decides; comparing values of different kinds is an error for
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -68,7 +69,7 @@ def compile_simple(source: str) -> Evaluator | None:
         evaluator = parser.expression()
         if parser.position != len(parser.tokens):
             return None
-        return evaluator
+        return _direct(evaluator)
     except _UnsupportedError:
         return None
 
@@ -124,22 +125,18 @@ class _Parser:
             kind, text = self.take()
             if kind != "number":
                 raise _UnsupportedError("unary minus on a non-literal")
-            value = -_number(text)
-            return self.selection(lambda _: value)
+            return self.selection(_Literal(-_number(text)))
         return self.selection(self.primary())
 
     def primary(self) -> Evaluator:
         kind, text = self.take()
         if kind == "number":
-            number = _number(text)
-            return lambda _: number
+            return _Literal(_number(text))
         if kind == "string":
-            literal = _string(text)
-            return lambda _: literal
+            return _Literal(_string(text))
         if kind == "name":
             if text in ("true", "false", "null"):
-                constant = {"true": True, "false": False, "null": None}[text]
-                return lambda _: constant
+                return _Literal({"true": True, "false": False, "null": None}[text])
             if self.peek() == "(":
                 raise _UnsupportedError("function call")
             return _variable(text)
@@ -177,7 +174,7 @@ def _string(text: str) -> str:
 
 
 class _Path:
-    """`a.b['c'].d`: one closure walks the whole path (fewer calls than one per step)."""
+    """`a.b['c'].d` while parsing; `_direct` turns it into one closure that walks the path."""
 
     __slots__ = ("names",)
 
@@ -199,6 +196,61 @@ class _Path:
         return value
 
 
+class _Literal:
+    """A constant while parsing, so that comparisons with it can be specialised."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self, variables: Mapping[str, Any]) -> Any:
+        return self.value
+
+
+_MISSING = object()
+
+
+def _direct(evaluator: Evaluator) -> Evaluator:
+    """The fastest equivalent of *evaluator*: a path walked with plain `dict.get`s that hands
+    anything unusual (a missing field, a container that is not a dict) to the exact walk, which
+    gives the same value or raises the same error; a literal as a bare closure."""
+    if isinstance(evaluator, _Literal):
+        constant = evaluator.value
+        return lambda _: constant
+    if not isinstance(evaluator, _Path):
+        return evaluator
+    exact = evaluator
+    names = exact.names
+    if len(names) == 1:
+        (only,) = names
+
+        def one(variables: Mapping[str, Any]) -> Any:
+            if type(variables) is dict:
+                value = variables.get(only, _MISSING)
+                if value is not _MISSING:
+                    return value
+            return exact(variables)
+
+        return one
+    if len(names) == 3:
+        first, second, third = names
+
+        def three(variables: Mapping[str, Any]) -> Any:
+            if type(variables) is dict:
+                outer = variables.get(first)
+                if type(outer) is dict:
+                    inner = outer.get(second)
+                    if type(inner) is dict:
+                        value = inner.get(third, _MISSING)
+                        if value is not _MISSING:
+                            return value
+            return exact(variables)
+
+        return three
+    return exact
+
+
 def _variable(name: str) -> Evaluator:
     return _Path((name,))
 
@@ -206,6 +258,7 @@ def _variable(name: str) -> Evaluator:
 def _select(target: Evaluator, name: str) -> Evaluator:
     if isinstance(target, _Path):
         return _Path((*target.names, name))
+    target = _direct(target)
 
     def value(variables: Mapping[str, Any]) -> Any:
         container = target(variables)
@@ -250,36 +303,57 @@ def _equal(left: Any, right: Any) -> bool:
 
 
 def _ordered(operator: Callable[[Any, Any], bool]) -> Callable[[Evaluator, Evaluator], Evaluator]:
-    def build(left: Evaluator, right: Evaluator) -> Evaluator:
-        def value(variables: Mapping[str, Any]) -> bool:
-            a, b = left(variables), right(variables)
-            if type(a) in _SIMPLE and type(b) in _SIMPLE and (type(a) is str) == (type(b) is str):
-                return operator(a, b)
-            kind = _kind(a)
-            if kind != _kind(b) or kind in ("null", "other"):
-                raise FastPathError("no such overload")
+    def compare(a: Any, b: Any) -> bool:
+        if type(a) in _SIMPLE and type(b) in _SIMPLE and (type(a) is str) == (type(b) is str):
             return operator(a, b)
+        kind = _kind(a)
+        if kind != _kind(b) or kind in ("null", "other"):
+            raise FastPathError("no such overload")
+        return operator(a, b)
 
-        return value
+    def build(left: Evaluator, right: Evaluator) -> Evaluator:
+        if isinstance(right, _Literal) and type(right.value) in (int, float):
+            # `field > 0.5`: a number on the left compares directly, anything else as above.
+            number, get = right.value, _direct(left)
+
+            def with_number(variables: Mapping[str, Any]) -> bool:
+                a = get(variables)
+                if type(a) is int or type(a) is float:
+                    return operator(a, number)
+                return compare(a, number)
+
+            return with_number
+        left, right = _direct(left), _direct(right)
+        return lambda variables: compare(left(variables), right(variables))
 
     return build
 
 
 def _eq(left: Evaluator, right: Evaluator) -> Evaluator:
+    if isinstance(right, _Literal) and type(right.value) is str:
+        text, get = right.value, _direct(left)
+
+        def with_text(variables: Mapping[str, Any]) -> bool:
+            a = get(variables)
+            return a == text if type(a) is str else _equal(a, text)
+
+        return with_text
+    left, right = _direct(left), _direct(right)
     return lambda variables: _equal(left(variables), right(variables))
 
 
 def _ne(left: Evaluator, right: Evaluator) -> Evaluator:
-    return lambda variables: not _equal(left(variables), right(variables))
+    equal = _eq(left, right)
+    return lambda variables: not equal(variables)
 
 
 _COMPARE: Mapping[str, Callable[[Evaluator, Evaluator], Evaluator]] = {
     "==": _eq,
     "!=": _ne,
-    "<": _ordered(lambda a, b: a < b),
-    "<=": _ordered(lambda a, b: a <= b),
-    ">": _ordered(lambda a, b: a > b),
-    ">=": _ordered(lambda a, b: a >= b),
+    "<": _ordered(operator.lt),
+    "<=": _ordered(operator.le),
+    ">": _ordered(operator.gt),
+    ">=": _ordered(operator.ge),
 }
 
 
@@ -295,6 +369,8 @@ def _boolean(evaluator: Evaluator, variables: Mapping[str, Any]) -> bool | FastP
 
 
 def _and(left: Evaluator, right: Evaluator) -> Evaluator:
+    left, right = _direct(left), _direct(right)
+
     def value(variables: Mapping[str, Any]) -> bool:
         try:
             a: bool | FastPathError = left(variables)
@@ -302,7 +378,12 @@ def _and(left: Evaluator, right: Evaluator) -> Evaluator:
             a = exc
         if a is False:
             return False
-        if a is not True and not isinstance(a, FastPathError):
+        if a is True:  # the common case: the right side decides, its error is the error
+            b = right(variables)
+            if b is True or b is False:
+                return b
+            raise FastPathError("no such overload")
+        if not isinstance(a, FastPathError):
             a = FastPathError("no such overload")
         b = _boolean(right, variables)
         if b is False:
@@ -317,6 +398,8 @@ def _and(left: Evaluator, right: Evaluator) -> Evaluator:
 
 
 def _or(left: Evaluator, right: Evaluator) -> Evaluator:
+    left, right = _direct(left), _direct(right)
+
     def value(variables: Mapping[str, Any]) -> bool:
         try:
             a: bool | FastPathError = left(variables)
@@ -324,7 +407,12 @@ def _or(left: Evaluator, right: Evaluator) -> Evaluator:
             a = exc
         if a is True:
             return True
-        if a is not False and not isinstance(a, FastPathError):
+        if a is False:  # the common case: the right side decides, its error is the error
+            b = right(variables)
+            if b is True or b is False:
+                return b
+            raise FastPathError("no such overload")
+        if not isinstance(a, FastPathError):
             a = FastPathError("no such overload")
         b = _boolean(right, variables)
         if b is True:
@@ -339,6 +427,8 @@ def _or(left: Evaluator, right: Evaluator) -> Evaluator:
 
 
 def _not(operand: Evaluator) -> Evaluator:
+    operand = _direct(operand)
+
     def value(variables: Mapping[str, Any]) -> bool:
         result = operand(variables)
         if not isinstance(result, bool):

@@ -56,7 +56,7 @@ class Selector:
     where: Expression | None = None
 
     def accepts_source(self, source: str) -> bool:
-        return _accepts(self.sources, source)
+        return accepts_source(self.sources, source)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -64,7 +64,7 @@ def _glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(fnmatch.translate(p) for p in patterns))
 
 
-def _accepts(patterns: tuple[str, ...], source: str) -> bool:
+def accepts_source(patterns: tuple[str, ...], source: str) -> bool:
     """Whether *source* matches one of the glob *patterns* (none: every source)."""
     return not patterns or _glob(patterns).match(source) is not None
 
@@ -79,7 +79,7 @@ class Join:
     sources: tuple[str, ...] = ()
 
     def accepts_source(self, source: str) -> bool:
-        return _accepts(self.sources, source)
+        return accepts_source(self.sources, source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +147,21 @@ class Trigger:
 
     rule: Rule
     join: Join | None = None
+    # Derived once here rather than per event (the engine reads them for every event of the
+    # type): the source globs, `where` and key expression that apply to this way in.
+    sources: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    where: Expression | None = field(init=False, repr=False, compare=False)
+    key: Expression = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> Expression:
-        return self.join.key if self.join is not None else self.rule.key
+    def __post_init__(self) -> None:
+        join = self.join
+        derived = (
+            (join.sources, None, join.key)
+            if join is not None
+            else (self.rule.on.sources, self.rule.on.where, self.rule.key)
+        )
+        for name, value in zip(("sources", "where", "key"), derived, strict=True):
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True, slots=True)

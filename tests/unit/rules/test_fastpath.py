@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import cel
@@ -91,3 +92,24 @@ def test_lists_compared_at_run_time_are_handed_to_cel():
     assert evaluator is not None
     with pytest.raises(NeedsCel):
         evaluator({"event": {"data": {"x": [1], "y": [1]}}})
+
+
+@pytest.mark.parametrize(
+    "data", [[1, 2], "text", None, 3, {"x": {"y": 1}}, {"x": "s"}, {"x": None}, {}]
+)
+@pytest.mark.parametrize(
+    "source",
+    ["event.data.x", "event.data.x.y", "event.data.x > 0.5", "event.data.x == 'a'", "event"],
+)
+def test_paths_through_containers_that_are_not_maps_fail_as_in_cel(source, data):
+    # The path walk takes a shortcut through plain dicts; anything else must end as CEL ends.
+    variables = {"event": {"data": data}}
+    fast = outcome_of_fast(source, variables)
+    expected = outcome_of_cel(source, variables)
+    assert fast[0] == expected[0], (source, data)
+
+
+def test_a_mapping_that_is_not_a_dict_is_walked_like_one():
+    evaluator = compile_simple("event.data.x > 1")
+    assert evaluator is not None
+    assert evaluator({"event": MappingProxyType({"data": MappingProxyType({"x": 2})})}) is True
