@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,26 +62,159 @@ class Reason(enum.Enum):
     TEMPLATE_ERROR = "template-error"
 
 
-@dataclass(frozen=True, slots=True)
 class DecisionRecord:
-    """One decision of one rule for one key."""
+    """One decision of one rule for one key; immutable (every field is a read-only property).
 
-    decision_id: str
-    outcome: Outcome
-    reason: Reason | None
-    rule: str
-    rule_version: str
-    key: str
-    time: datetime
-    """Event time of the decision: the deciding event's time, or a timer's due time."""
-    event_ids: tuple[str, ...]
-    message: str = ""
-    job: TrainingRequest | None = None
-    """The resolved job, for `launch` (and for `suppress` with reason `shadow`)."""
-    job_name: str | None = None
-    """The job concerned: launched, cancelled or blocking."""
-    window_count: int | None = None
-    window_sum: float | None = None
+    Written out rather than a frozen dataclass because the engine makes about three per event:
+    a frozen dataclass of this size costs several times the engine's whole budget per record
+    to construct (bench/engine.py). For the same reason `decision_id`, a hash of the record's
+    own fields, is computed on first read (publishing reads it) unless the constructor got one.
+    """
+
+    __slots__ = (
+        "_decision_id",
+        "_event_ids",
+        "_job",
+        "_job_name",
+        "_key",
+        "_message",
+        "_outcome",
+        "_reason",
+        "_rule",
+        "_rule_version",
+        "_time",
+        "_window_count",
+        "_window_sum",
+    )
+
+    def __init__(  # noqa: PLR0917 - one parameter per field, as the dataclass it replaces had
+        self,
+        decision_id: str | None,
+        outcome: Outcome,
+        reason: Reason | None,
+        rule: str,
+        rule_version: str,
+        key: str,
+        time: datetime,
+        event_ids: tuple[str, ...],
+        message: str = "",
+        job: TrainingRequest | None = None,
+        job_name: str | None = None,
+        window_count: int | None = None,
+        window_sum: float | None = None,
+    ) -> None:
+        """*decision_id* None: derive it from the other fields (see `decision_id`)."""
+        self._decision_id = decision_id
+        self._outcome = outcome
+        self._reason = reason
+        self._rule = rule
+        self._rule_version = rule_version
+        self._key = key
+        self._time = time
+        self._event_ids = event_ids
+        self._message = message
+        self._job = job
+        self._job_name = job_name
+        self._window_count = window_count
+        self._window_sum = window_sum
+
+    @property
+    def decision_id(self) -> str:
+        """Deterministic id of the decision (see the function `decision_id`)."""
+        if self._decision_id is None:
+            self._decision_id = decision_id(
+                rule_version=self._rule_version,
+                key=self._key,
+                outcome=self._outcome,
+                reason=self._reason,
+                event_ids=self._event_ids,
+                time=self._time,
+            )
+        return self._decision_id
+
+    @property
+    def outcome(self) -> Outcome:
+        return self._outcome
+
+    @property
+    def reason(self) -> Reason | None:
+        return self._reason
+
+    @property
+    def rule(self) -> str:
+        return self._rule
+
+    @property
+    def rule_version(self) -> str:
+        return self._rule_version
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def time(self) -> datetime:
+        """Event time of the decision: the deciding event's time, or a timer's due time."""
+        return self._time
+
+    @property
+    def event_ids(self) -> tuple[str, ...]:
+        return self._event_ids
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @property
+    def job(self) -> TrainingRequest | None:
+        """The resolved job, for `launch` (and for `suppress` with reason `shadow`)."""
+        return self._job
+
+    @property
+    def job_name(self) -> str | None:
+        """The job concerned: launched, cancelled or blocking."""
+        return self._job_name
+
+    @property
+    def window_count(self) -> int | None:
+        return self._window_count
+
+    @property
+    def window_sum(self) -> float | None:
+        return self._window_sum
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (
+            self.decision_id,
+            self._outcome,
+            self._reason,
+            self._rule,
+            self._rule_version,
+            self._key,
+            self._time,
+            self._event_ids,
+            self._message,
+            self._job,
+            self._job_name,
+            self._window_count,
+            self._window_sum,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not DecisionRecord:
+            return NotImplemented
+        assert isinstance(other, DecisionRecord)
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        names = ("decision_id", *(name[1:] for name in self.__slots__[1:]))
+        parts = ", ".join(
+            f"{name}={value!r}" for name, value in zip(names, self._fields(), strict=True)
+        )
+        return f"DecisionRecord({parts})"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict: what `simulate --json` prints and the audit event carries."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
@@ -35,7 +35,7 @@ from orchestrator.jobs.naming import job_name
 from orchestrator.ledger import DecisionRecord, Outcome, Reason, decision_id, format_time
 from orchestrator.rules.durations import format_duration
 from orchestrator.rules.expressions import Activation, EvaluationError, event_variables
-from orchestrator.rules.model import Concurrency, Mode, Rule, RuleSet, Trigger
+from orchestrator.rules.model import Concurrency, Mode, Rule, RuleSet, Trigger, accepts_source
 from orchestrator.rules.state import (
     Buffered,
     Entry,
@@ -66,9 +66,12 @@ __all__ = [
 DAY = timedelta(days=1)
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One (rule, key) an event is relevant to."""
+class Route(NamedTuple):
+    """One (rule, key) an event is relevant to.
+
+    A named tuple rather than a frozen dataclass: `route` makes several per event and a
+    frozen dataclass costs about five times as much to build.
+    """
 
     rule: str
     key: str
@@ -85,8 +88,7 @@ class JobFinished:
     at: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class _Match:
+class _Match(NamedTuple):
     trigger: Trigger
     key: str | None
     error: str | None = None
@@ -114,44 +116,48 @@ def _evaluate_triggers(
     triggers = rules.by_type.get(event.type)
     if not triggers:
         return (), None
-    variables = event_variables(event, time=at, data_fields=rules.data_fields.get(event.type))
-    activation = Activation({"event": variables})
-    found = tuple(
-        match for trigger in triggers if (match := _match(trigger, event, activation)) is not None
-    )
-    _memo[:] = [rules, event, at, found, activation]
-    return found, activation
+    variables = event_variables(event, time=at, data_fields=None)
+    activation = Activation({"event": variables}, data_fields=rules.data_fields.get(event.type))
+    source = event.source
+    # Rules of one type mostly share their source globs: test each distinct glob once.
+    accepted: dict[tuple[str, ...], bool] = {}
+    found = []
+    for trigger in triggers:
+        patterns = trigger.sources
+        ok = accepted.get(patterns)
+        if ok is None:
+            ok = accepted[patterns] = accepts_source(patterns, source)
+        if ok:
+            match = _match(trigger, activation)
+            if match is not None:
+                found.append(match)
+    matches = tuple(found)
+    _memo[:] = [rules, event, at, matches, activation]
+    return matches, activation
 
 
 def _activation(rules: RuleSet, event: CloudEvent, time: datetime) -> Activation:
-    """The activation `_matches` built for *event* (its data narrowed to the fields the rule
-    set reads, which includes every `sum.of`), or a fresh one."""
+    """The activation `_matches` built for *event* (which narrows data for CEL to the fields
+    the rule set reads, every `sum.of` included), or a fresh one."""
     if _memo[0] is rules and _memo[1] is event and _memo[4] is not None:
         cached: Activation = _memo[4]
         return cached
     return Activation({"event": event_variables(event, time=time, data_fields=None)})
 
 
-def _match(  # noqa: PLR0911 - one return per way a trigger can decline: reads as a checklist
-    trigger: Trigger, event: CloudEvent, activation: Activation
-) -> _Match | None:
-    """Whether *trigger* accepts *event* and under which key (or why it could not tell)."""
-    if trigger.join is not None:
-        if not trigger.join.accepts_source(event.source):
+def _match(trigger: Trigger, activation: Activation) -> _Match | None:
+    """Whether *trigger* (whose source glob accepts the event) accepts it, and under which
+    key (or why it could not tell)."""
+    where = trigger.where
+    if where is not None:
+        try:
+            accepted = where.evaluate(activation)
+        except EvaluationError as exc:
+            return _Match(trigger, None, f"where: {exc}")
+        if accepted is False:
             return None
-    else:
-        selector = trigger.rule.on
-        if not selector.accepts_source(event.source):
-            return None
-        if selector.where is not None:
-            try:
-                accepted = selector.where.evaluate(activation)
-            except EvaluationError as exc:
-                return _Match(trigger, None, f"where: {exc}")
-            if not isinstance(accepted, bool):
-                return _Match(trigger, None, f"where gave {accepted!r}, not a bool")
-            if not accepted:
-                return None
+        if accepted is not True:
+            return _Match(trigger, None, f"where gave {accepted!r}, not a bool")
     try:
         key = trigger.key.evaluate(activation)
     except EvaluationError as exc:
@@ -247,7 +253,7 @@ def evaluate(
         return state, records
     redelivered = sequence is not None and state.sequence is not None and sequence < state.sequence
     if sequence is not None and not redelivered:
-        state = replace(state, sequence=sequence)
+        state = state._replace(sequence=sequence)
     if state.horizon is not None and time < state.horizon and not redelivered:
         lag = format_duration(state.horizon - time)
         message = (
@@ -272,7 +278,7 @@ def evaluate(
         return _advance(rules, state, key, now, due=(event, time))
     held = Buffered(event_to_json(event), ident, time, time + rules.allowed_lateness)
     buffer = tuple(sorted((*state.buffer, held), key=lambda b: (b.time, b.identity)))
-    state = replace(state, buffer=buffer)
+    state = state._replace(buffer=buffer)
     return _advance(rules, state, key, now)
 
 
@@ -389,26 +395,28 @@ class _Decider:
         job_name: str | None = None,
         rule_state: RuleState | None = None,
     ) -> DecisionRecord:
+        rule = self.rule
+        if rule_state is None:
+            count = total = None
+        else:
+            count = len(rule_state.entries)
+            total = _window_sum(rule, rule_state)
+        # Positional, and the decision id left to be derived when the record is published:
+        # this runs for about every rule an event reaches.
         return DecisionRecord(
-            decision_id=decision_id(
-                rule_version=self.rule.version,
-                key=self.key,
-                outcome=outcome,
-                reason=reason,
-                event_ids=event_ids,
-                time=time,
-            ),
-            outcome=outcome,
-            reason=reason,
-            rule=self.rule.name,
-            rule_version=self.rule.version,
-            key=self.key,
-            time=time,
-            event_ids=event_ids,
-            message=message,
-            job_name=job_name,
-            window_count=len(rule_state.entries) if rule_state is not None else None,
-            window_sum=_window_sum(self.rule, rule_state) if rule_state is not None else None,
+            None,
+            outcome,
+            reason,
+            rule.name,
+            rule.version,
+            self.key,
+            time,
+            event_ids,
+            message,
+            None,
+            job_name,
+            count,
+            total,
         )
 
 
