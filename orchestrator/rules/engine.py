@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from orchestrator.events import CloudEvent
@@ -37,6 +38,7 @@ from orchestrator.rules.durations import format_duration
 from orchestrator.rules.expressions import Activation, EvaluationError, event_variables
 from orchestrator.rules.model import Concurrency, Mode, Rule, RuleSet, Trigger, accepts_source
 from orchestrator.rules.state import (
+    _EMPTY_RULE_STATE,
     Buffered,
     Entry,
     Joined,
@@ -236,7 +238,7 @@ def evaluate(
     # Duplicates first: a redelivered event has its original (old) time and would otherwise
     # read as late, which hides what happened.
     if any(b.identity == ident for b in state.buffer) or any(
-        _already_counted(state.rule(name), ident) for name in rule_names
+        _already_counted(state.rules.get(name), ident) for name in rule_names
     ):
         records = tuple(
             _record(
@@ -275,7 +277,7 @@ def evaluate(
         return state, records
     if not state.buffer and time <= now - rules.allowed_lateness:
         # Nothing held and the event is due: skip the buffer (the common case without lateness).
-        return _advance(rules, state, key, now, due=(event, time))
+        return _advance(rules, state, key, now, due=(event, time, ident))
     held = Buffered(event_to_json(event), ident, time, time + rules.allowed_lateness)
     buffer = tuple(sorted((*state.buffer, held), key=lambda b: (b.time, b.identity)))
     state = state._replace(buffer=buffer)
@@ -340,14 +342,16 @@ def _advance(
     key: str,
     now: datetime,
     *,
-    due: tuple[CloudEvent, datetime] | None = None,
+    due: tuple[CloudEvent, datetime, str] | None = None,
     changed: str | None = None,
 ) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
     """Process held events due by *now* in event-time order, with timers in between.
 
-    *due* is an event that needs no holding (nothing else is held and its time has come).
+    *due* is an event that needs no holding (nothing else is held and its time has come), with
+    its identity, already checked not to be a duplicate for any rule routed to *key*.
     *changed* names a rule whose state the caller changed without a record (a job ended).
     """
+    given = state.rules
     cutoff = now - rules.allowed_lateness
     records: list[DecisionRecord] = []
     timers_due = bool(state.wakeups) and now >= state.wakeups[0]
@@ -356,28 +360,37 @@ def _advance(
     ]
     if released:
         buffer = tuple(b for b in state.buffer if b.time > cutoff)
-        state = KeyState(state.horizon, buffer, state.rules, state.wakeups, state.sequence)
+        state = state._replace(buffer=buffer)
+    checked = None
     if due is not None:
         released.append((due[1], due[0]))
+        checked = due[2]
     for time, item in released:
         # Timers due before this event fire first, exactly as if no event had been held.
         if timers_due:
             state = _fire_timers(
                 rules, state, key=key, until=time, records=records, inclusive=False
             )
-        event = item if isinstance(item, CloudEvent) else event_from_json(item.event)
-        state = _process(rules, state, key=key, event=event, time=time, records=records)
-        horizon = time if state.horizon is None else max(state.horizon, time)
-        state = KeyState(horizon, state.buffer, state.rules, state.wakeups, state.sequence)
-    if timers_due or released:
-        state = _fire_timers(rules, state, key=key, until=cutoff, records=records, inclusive=True)
+        if isinstance(item, CloudEvent):
+            event, ident = item, checked
+        else:
+            event, ident = event_from_json(item.event), None
+        state = _process(
+            rules, state, key=key, event=event, time=time, records=records, checked=ident
+        )
     touched = None if timers_due else {r.rule for r in records} | ({changed} if changed else set())
-    state = _prune(rules, state, now=now, touched=touched)
+    if timers_due or released:
+        # Without timers due before, only rules this call touched can have one due now.
+        state = _fire_timers(
+            rules, state, key=key, until=cutoff, records=records, inclusive=True, among=touched
+        )
+        if touched is not None:
+            touched.update(r.rule for r in records)
+    state = _prune(rules, state, now=now, touched=touched, owned=state.rules is not given)
     return state, tuple(records)
 
 
-@dataclass(frozen=True, slots=True)
-class _Decider:
+class _Decider(NamedTuple):
     """One rule deciding for one key: what every step below needs, bundled."""
 
     rules: RuleSet
@@ -439,7 +452,7 @@ def _record(
 _NO_RULES = RuleSet(rules=(), version="")
 
 
-def _process(
+def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
     rules: RuleSet,
     state: KeyState,
     *,
@@ -447,18 +460,30 @@ def _process(
     event: CloudEvent,
     time: datetime,
     records: list[DecisionRecord],
+    checked: str | None = None,
 ) -> KeyState:
-    """Count (or join) one released event into every rule routed to *key*, then decide."""
-    ident = identity(event)
+    """Count (or join) one released event into every rule routed to *key*, then decide, and
+    advance the horizon to it.
+
+    *checked*: the event's identity, when the caller already found it counted by no rule
+    routed to *key* (nothing between that check and this call can count it; only this call,
+    when the event reaches a rule twice, by its `on` and by a join).
+    """
+    ident = checked or identity(event)
+    horizon = state.horizon
+    behind = horizon is not None and time < horizon  # a re-delivered event
     updated = dict(state.rules)
+    ids = (event.id,)
+    reached: set[str] = set()
     for match in _matches(rules, event, time):
         if match.key != key:
             continue
-        decider = _Decider(rules, match.trigger.rule, key)
-        rule = decider.rule
-        rule_state = _expire(rule, updated.get(rule.name) or state.rule(rule.name), time)
-        ids = (event.id,)
-        if _already_counted(rule_state, ident):
+        rule = match.trigger.rule
+        decider = _Decider(rules, rule, key)
+        rule_state = _expire(rule, updated.get(rule.name) or _EMPTY_RULE_STATE, time)
+        unchecked = checked is None or rule.name in reached
+        reached.add(rule.name)
+        if unchecked and _already_counted(rule_state, ident):
             message = "event already counted (same source and id)"
             records.append(
                 decider.record(
@@ -467,7 +492,6 @@ def _process(
             )
             continue
         join = match.trigger.join
-        behind = state.horizon is not None and time < state.horizon  # a re-delivered event
         if behind and rule_state.last_launch is not None and time <= rule_state.last_launch:
             message = "re-delivered after the launch that consumed its place in the window"
             records.append(
@@ -479,7 +503,7 @@ def _process(
             newer = joined.get(join.type)
             if newer is None or newer.time <= time:
                 joined[join.type] = Joined(event_to_json(event), ident, time)
-            rule_state = rule_state.with_changes(joined=joined)
+            rule_state = rule_state._replace(joined=joined)
         else:
             amount = 0.0
             if rule.sum is not None:
@@ -496,17 +520,39 @@ def _process(
                         )
                     )
                     continue
-            entry = Entry(event.id, ident, time, amount)
-            entries = (*rule_state.entries, entry)
+            entries = (*rule_state.entries, Entry(event.id, ident, time, amount))
             if behind:  # keep entries in event-time order, which expiry relies on
                 entries = tuple(sorted(entries, key=lambda e: e.time))
-            rule_state = rule_state.with_changes(entries=entries)
-        rule_state, more = _consider(
-            decider, rule_state, time=time, event=event, via_join=join is not None
-        )
-        records += more
+            rule_state = RuleState(entries, *rule_state[1:])
+        if join is None and len(rule_state.entries) < rule.count:
+            # The common case, spelled out: counted, not enough yet (what `_consider` says).
+            total = _window_sum(rule, rule_state)
+            records.append(
+                DecisionRecord(
+                    None,
+                    Outcome.ACCUMULATE,
+                    None,
+                    rule.name,
+                    rule.version,
+                    key,
+                    time,
+                    ids,
+                    _progress_message(rule, len(rule_state.entries), total),
+                    None,
+                    None,
+                    len(rule_state.entries),
+                    total,
+                )
+            )
+        else:
+            rule_state, more = _consider(
+                decider, rule_state, time=time, event=event, via_join=join is not None
+            )
+            records += more
         updated[rule.name] = rule_state
-    return KeyState(state.horizon, state.buffer, updated, state.wakeups, state.sequence)
+    if horizon is None or time > horizon:
+        horizon = time
+    return KeyState(horizon, state.buffer, updated, state.wakeups, state.sequence)
 
 
 def _amount(rule: Rule, activation: Activation) -> float:
@@ -520,19 +566,25 @@ def _amount(rule: Rule, activation: Activation) -> float:
     return float(value)
 
 
-def _already_counted(rule_state: RuleState, ident: str) -> bool:
+def _already_counted(rule_state: RuleState | None, ident: str) -> bool:
+    if rule_state is None:
+        return False
     return (
         ident in rule_state.seen
-        or any(e.identity == ident for e in rule_state.entries)
+        or ident in map(_IDENTITY, rule_state.entries)  # a scan in C: windows can be long
         or any(j.identity == ident for j in rule_state.joined.values())
     )
+
+
+_IDENTITY = attrgetter("identity")
 
 
 def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
     """Drop window entries, joins and launch times that no longer matter at *time*."""
     start = time - rule.window
     entries_fresh = not rule_state.entries or rule_state.entries[0].time > start
-    if entries_fresh and not rule_state.joined and not rule_state.launches:
+    launches_fresh = not rule_state.launches or min(rule_state.launches) > time - DAY
+    if entries_fresh and launches_fresh and not rule_state.joined:
         return rule_state  # the common case, kept cheap: entries are in event-time order
     entries = tuple(e for e in rule_state.entries if e.time > start)
     joined = {
@@ -554,16 +606,21 @@ def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
 def _progress(rule: Rule, rule_state: RuleState) -> tuple[bool, str]:
     """Whether the count/sum condition holds, and a sentence saying how far it is."""
     count = len(rule_state.entries)
-    window = format_duration(rule.window)
-    parts = [f"{count} of {rule.count} events in the {window} window"]
+    total = _window_sum(rule, rule_state)
     holds = count >= rule.count
     if rule.sum is not None:
-        total = sum(e.amount for e in rule_state.entries)
-        if rule.count == 1:
-            parts = []
-        parts.append(f"sum {total:g} of {rule.sum.at_least:g} in the {window} window")
+        assert total is not None
         holds = holds and total >= rule.sum.at_least
-    return holds, ", ".join(parts)
+    return holds, _progress_message(rule, count, total)
+
+
+def _progress_message(rule: Rule, count: int, total: float | None) -> str:
+    window = format_duration(rule.window)
+    counted = f"{count} of {rule.count} events in the {window} window"
+    if rule.sum is None:
+        return counted
+    summed = f"sum {total:g} of {rule.sum.at_least:g} in the {window} window"
+    return summed if rule.count == 1 else f"{counted}, {summed}"
 
 
 def _missing_joins(rule: Rule, rule_state: RuleState, time: datetime) -> list[str]:
@@ -874,12 +931,21 @@ def _fire_timers(
     until: datetime,
     records: list[DecisionRecord],
     inclusive: bool,
+    among: Iterable[str] | None = None,
 ) -> KeyState:
-    """Fire debounce and budget timers due by *until* (event time), earliest first."""
+    """Fire debounce and budget timers due by *until* (event time), earliest first.
+
+    *among*: the only rules that can have a timer due (None: look at every rule).
+    """
     while True:
+        candidates = (
+            state.rules.items()
+            if among is None
+            else [(name, state.rules[name]) for name in among if name in state.rules]
+        )
         due_rules = [
             (rule_state.pending.due, name)
-            for name, rule_state in state.rules.items()
+            for name, rule_state in candidates
             if rule_state.pending is not None
             and rule_state.pending.due is not None
             and (rule_state.pending.due < until or (inclusive and rule_state.pending.due == until))
@@ -904,19 +970,27 @@ def _fire_timers(
 
 
 def _prune(
-    rules: RuleSet, state: KeyState, *, now: datetime, touched: Iterable[str] | None = None
+    rules: RuleSet,
+    state: KeyState,
+    *,
+    now: datetime,
+    touched: Iterable[str] | None = None,
+    owned: bool = False,
 ) -> KeyState:
     """Drop what can never matter again, and compute when `tick` next has work.
 
     With *touched* (the rules an event just changed) and no timer due yet, only those rules
     are looked at: the others cannot have changed. The wakeup kept may then be earlier than
-    needed, which costs one empty `tick`, never a missed one.
+    needed, which costs one empty `tick`, never a missed one. *owned*: `state.rules` is a
+    dict this evaluation built, which may be changed in place instead of copied.
     """
     cutoff = now - rules.allowed_lateness
     previous = state.wakeups[0] if state.wakeups else None
     partial = touched is not None and (previous is None or now < previous)
     names = tuple(touched or ()) if partial else tuple(state.rules)
-    kept = dict(state.rules) if partial else {}
+    kept: dict[str, RuleState] = {}
+    if partial:
+        kept = state.rules if owned and isinstance(state.rules, dict) else dict(state.rules)
     wakeups: list[datetime] = [b.release_at for b in state.buffer[:1]]
     if partial and previous is not None:
         wakeups.append(previous)
