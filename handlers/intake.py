@@ -206,6 +206,12 @@ def build_intake(
         "web_enabled": False,
         "autodiscover": False,
         "processing_guarantee": "at_least_once",
+        # A topic faust has just created can be missing from the first metadata the consumer
+        # reads (the broker creates partitions asynchronously); the group is then assigned
+        # without the internal keyed topic, and faust's default (5 min) leaves every keyed
+        # partition unconsumed that long. Refreshing often makes the group rebalance onto it
+        # within seconds.
+        "consumer_metadata_max_age_ms": 3_000,
     }
     credentials = faust_credentials(kafka)
     if credentials is not None:
