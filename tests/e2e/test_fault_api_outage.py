@@ -43,6 +43,10 @@ async def api_outage_mid_stream(
     async def outage_every_other_chunk(sent: int) -> None:
         if done[0] >= outages or sent // chunk % 2 == 0:
             return
+        # The previous outage must be over before the next one: counting TrainJobs asks the
+        # API server, and back-to-back outages would test nothing more.
+        for task in restore:
+            await task
         await wait_for(
             lambda: run.created() > created_before[0],
             what="the worker to create a TrainJob",
@@ -51,23 +55,23 @@ async def api_outage_mid_stream(
         )
         # Down for OUTAGE_SECONDS while the next chunk of events is produced.
         await asyncio.to_thread(server.stop_apiserver)
-        loop = asyncio.get_running_loop()
-        loop.call_later(OUTAGE_SECONDS, lambda: restore.append(loop.create_task(back())))
+        restore.append(asyncio.create_task(back_after(OUTAGE_SECONDS)))
         done[0] += 1
 
     restore: list[asyncio.Task[None]] = []
 
-    async def back() -> None:
+    async def back_after(seconds: float) -> None:
+        await asyncio.sleep(seconds)
         await asyncio.to_thread(server.start)
-        created_before[0] = run.created()
+        created_before[0] = await asyncio.to_thread(run.created)
 
     try:
         await run.send(chunk=chunk, between=outage_every_other_chunk)
-        while len(restore) < done[0] or not all(task.done() for task in restore):
-            await asyncio.sleep(0.5)
         for task in restore:
             await task
     finally:
+        for task in restore:
+            task.cancel()
         if not server.running():
             server.start()
     await run.wait_for_launches()
