@@ -241,7 +241,7 @@ async def _end_to_end(
                 topic_audit=f"e2e-audit-{tag}",
                 topic_dlq=f"e2e-dlq-{tag}",
                 group_id=f"bench-e2e-{tag}",
-                internal_partitions=2,
+                internal_partitions=KafkaSettings().internal_partitions,  # the default, 8
             )
         ),
         rule_paths=[rules],
