@@ -991,54 +991,84 @@ def _prune(
     kept: dict[str, RuleState] = {}
     if partial:
         kept = state.rules if owned and isinstance(state.rules, dict) else dict(state.rules)
-    wakeups: list[datetime] = [b.release_at for b in state.buffer[:1]]
-    if partial and previous is not None:
-        wakeups.append(previous)
+    wakeup = state.buffer[0].release_at if state.buffer else None
+    if partial and previous is not None and (wakeup is None or previous < wakeup):
+        wakeup = previous
+    lateness = rules.allowed_lateness
+    by_name = rules.by_name
+    # With a wakeup due, this runs over every rule of the key (about every other event once
+    # windows start to expire), so a rule that only counts and has nothing expiring yet is
+    # settled inline: the same state and wakeup `_prune_rule` would give.
     for name in names:
         rule_state = state.rules.get(name)
         if rule_state is None:
             continue
-        current, rule_wakeups = _prune_rule(rules, name, rule_state, cutoff)
+        entries, joined, seen, last_launch, launches, _, pending = rule_state
+        rule = by_name.get(name)
+        if (
+            entries
+            and rule is not None
+            and not (joined or seen or last_launch or launches or pending)
+            and entries[0].time > cutoff - rule.window
+        ):
+            expires = entries[0].time + rule.window + lateness
+            kept[name] = rule_state
+            if wakeup is None or expires < wakeup:
+                wakeup = expires
+            continue
+        current, rule_wakeup = _prune_rule(rules, name, rule_state, cutoff)
         if current is None:
             kept.pop(name, None)
         else:
             kept[name] = current
-        wakeups += rule_wakeups
+        if rule_wakeup is not None and (wakeup is None or rule_wakeup < wakeup):
+            wakeup = rule_wakeup
     return KeyState(
-        state.horizon, state.buffer, kept, (min(wakeups),) if wakeups else (), state.sequence
+        state.horizon, state.buffer, kept, (wakeup,) if wakeup is not None else (), state.sequence
     )
 
 
 def _prune_rule(
     rules: RuleSet, name: str, rule_state: RuleState, cutoff: datetime
-) -> tuple[RuleState | None, list[datetime]]:
-    """One rule's state without what expired (None: nothing left), and its wakeups."""
+) -> tuple[RuleState | None, datetime | None]:
+    """One rule's state without what expired (None: nothing left), and its earliest wakeup."""
     rule = rules.by_name.get(name)
     if rule is None:
         # Removed by a reload. A running job is never touched; keep knowing about it.
-        return (rule_state if rule_state.running is not None else None), []
+        return (rule_state if rule_state.running is not None else None), None
     lateness = rules.allowed_lateness
     current = _expire(rule, rule_state, cutoff)
-    if current.seen:
+    entries, joined, seen, last_launch, launches, running, pending = current
+    first_seen = None
+    if seen:
         # Keep consumed ids as long as an event of that time could still count.
         oldest = cutoff - rule.horizon - lateness
-        seen = {i: t for i, t in current.seen.items() if t > oldest}
-        if len(seen) != len(current.seen):
-            current = current.with_changes(seen=seen)
-    cooled = current.last_launch is not None and current.last_launch + rule.cooldown < cutoff
-    if cooled and not current.launches and current.running is None:
-        current = current.with_changes(last_launch=None)
+        first_seen = min(seen.values())
+        if first_seen <= oldest:
+            seen = {i: t for i, t in seen.items() if t > oldest}
+            current = current._replace(seen=seen)
+            first_seen = min(seen.values()) if seen else None
+    if (
+        last_launch is not None
+        and not launches
+        and running is None
+        and last_launch + rule.cooldown < cutoff
+    ):
+        current = current._replace(last_launch=None)
+        last_launch = None
     wakeups = []
-    if current.pending is not None and current.pending.due is not None:
-        wakeups.append(current.pending.due + lateness)
-    if current.entries:
-        wakeups.append(current.entries[0].time + rule.window + lateness)
-    for join in rule.joins:
-        joined = current.joined.get(join.type)
-        if joined is not None:
-            wakeups.append(joined.time + join.within + lateness)
-    if current.launches:
-        wakeups.append(current.launches[0] + DAY + lateness)
-    if current.seen:
-        wakeups.append(min(current.seen.values()) + rule.horizon + 2 * lateness)
-    return (None if current.is_idle else current), wakeups
+    if pending is not None and pending.due is not None:
+        wakeups.append(pending.due + lateness)
+    if entries:
+        wakeups.append(entries[0].time + rule.window + lateness)
+    if joined:
+        for join in rule.joins:
+            joined_event = joined.get(join.type)
+            if joined_event is not None:
+                wakeups.append(joined_event.time + join.within + lateness)
+    if launches:
+        wakeups.append(launches[0] + DAY + lateness)
+    if first_seen is not None:
+        wakeups.append(first_seen + rule.horizon + 2 * lateness)
+    idle = not (entries or joined or seen or running or pending or launches or last_launch)
+    return (None if idle else current), (min(wakeups) if wakeups else None)
