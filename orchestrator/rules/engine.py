@@ -36,6 +36,7 @@ from orchestrator.jobs.naming import job_name
 from orchestrator.ledger import DecisionRecord, Outcome, Reason, decision_id, format_time
 from orchestrator.rules.durations import format_duration
 from orchestrator.rules.expressions import Activation, EvaluationError, event_variables
+from orchestrator.rules.fastpath import FastPathError, NeedsCel
 from orchestrator.rules.model import Concurrency, Mode, Rule, RuleSet, Trigger, accepts_source
 from orchestrator.rules.state import (
     _EMPTY_RULE_STATE,
@@ -120,19 +121,41 @@ def _evaluate_triggers(
         return (), None
     variables = event_variables(event, time=at, data_fields=None)
     activation = Activation({"event": variables}, data_fields=rules.data_fields.get(event.type))
+    root = activation.variables
     source = event.source
     # Rules of one type mostly share their source globs: test each distinct glob once.
     accepted: dict[tuple[str, ...], bool] = {}
-    found = []
+    found: list[_Match] = []
     for trigger in triggers:
         patterns = trigger.sources
         ok = accepted.get(patterns)
         if ok is None:
             ok = accepted[patterns] = accepts_source(patterns, source)
-        if ok:
-            match = _match(trigger, activation)
-            if match is not None:
-                found.append(match)
+        if not ok:
+            continue
+        # The compiled fast path, called directly; anything but a bool `where` and a string
+        # key (an error, a value for CEL) goes through `_match`, which says what went wrong.
+        where, key = trigger.where, trigger.key
+        if where is not None:
+            fast = where.fast
+            try:
+                passed = fast(root) if fast is not None else None
+            except (FastPathError, NeedsCel):
+                passed = None
+            if passed is False:
+                continue
+            if passed is not True:
+                _append_match(found, trigger, activation)
+                continue
+        fast = key.fast
+        try:
+            value = fast(root) if fast is not None else None
+        except (FastPathError, NeedsCel):
+            value = None
+        if type(value) is str and value:
+            found.append(_Match(trigger, value))
+        else:
+            _append_match(found, trigger, activation)
     matches = tuple(found)
     _memo[:] = [rules, event, at, matches, activation]
     return matches, activation
@@ -145,6 +168,12 @@ def _activation(rules: RuleSet, event: CloudEvent, time: datetime) -> Activation
         cached: Activation = _memo[4]
         return cached
     return Activation({"event": event_variables(event, time=time, data_fields=None)})
+
+
+def _append_match(found: list[_Match], trigger: Trigger, activation: Activation) -> None:
+    match = _match(trigger, activation)
+    if match is not None:
+        found.append(match)
 
 
 def _match(trigger: Trigger, activation: Activation) -> _Match | None:
@@ -237,8 +266,9 @@ def evaluate(
     ident = identity(event)
     # Duplicates first: a redelivered event has its original (old) time and would otherwise
     # read as late, which hides what happened.
-    if any(b.identity == ident for b in state.buffer) or any(
-        _already_counted(state.rules.get(name), ident) for name in rule_names
+    known = state.rules
+    if (state.buffer and any(b.identity == ident for b in state.buffer)) or any(
+        _already_counted(known[name], ident) for name in rule_names if name in known
     ):
         records = tuple(
             _record(
@@ -355,12 +385,12 @@ def _advance(
     cutoff = now - rules.allowed_lateness
     records: list[DecisionRecord] = []
     timers_due = bool(state.wakeups) and now >= state.wakeups[0]
-    released: list[tuple[datetime, Buffered | CloudEvent]] = [
-        (b.time, b) for b in state.buffer if b.time <= cutoff
-    ]
-    if released:
-        buffer = tuple(b for b in state.buffer if b.time > cutoff)
-        state = state._replace(buffer=buffer)
+    released: list[tuple[datetime, Buffered | CloudEvent]] = []
+    if state.buffer:
+        released = [(b.time, b) for b in state.buffer if b.time <= cutoff]
+        if released:
+            buffer = tuple(b for b in state.buffer if b.time > cutoff)
+            state = state._replace(buffer=buffer)
     checked = None
     if due is not None:
         released.append((due[1], due[0]))
@@ -378,7 +408,11 @@ def _advance(
         state = _process(
             rules, state, key=key, event=event, time=time, records=records, checked=ident
         )
-    touched = None if timers_due else {r.rule for r in records} | ({changed} if changed else set())
+    touched = None
+    if not timers_due:
+        touched = {r.rule for r in records}
+        if changed:
+            touched.add(changed)
     if timers_due or released:
         # Without timers due before, only rules this call touched can have one due now.
         state = _fire_timers(
@@ -479,7 +513,7 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
         if match.key != key:
             continue
         rule = match.trigger.rule
-        decider = _Decider(rules, rule, key)
+        decider = _Decider(rules, rule, key)  # cheap (a named tuple), used off the common path
         rule_state = _expire(rule, updated.get(rule.name) or _EMPTY_RULE_STATE, time)
         unchecked = checked is None or rule.name in reached
         reached.add(rule.name)
@@ -566,9 +600,7 @@ def _amount(rule: Rule, activation: Activation) -> float:
     return float(value)
 
 
-def _already_counted(rule_state: RuleState | None, ident: str) -> bool:
-    if rule_state is None:
-        return False
+def _already_counted(rule_state: RuleState, ident: str) -> bool:
     return (
         ident in rule_state.seen
         or ident in map(_IDENTITY, rule_state.entries)  # a scan in C: windows can be long
@@ -844,7 +876,10 @@ def _launch(
 
 
 def _window_sum(rule: Rule, rule_state: RuleState) -> float | None:
-    return sum(e.amount for e in rule_state.entries) if rule.sum is not None else None
+    return sum(map(_AMOUNT, rule_state.entries)) if rule.sum is not None else None
+
+
+_AMOUNT = attrgetter("amount")
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -937,6 +972,13 @@ def _fire_timers(
 
     *among*: the only rules that can have a timer due (None: look at every rule).
     """
+    if among is not None:
+        current = state.rules
+        if not any(
+            (rule_state := current.get(name)) is not None and rule_state.pending is not None
+            for name in among
+        ):
+            return state  # the common case: nothing waits among them, nothing to fire
     while True:
         candidates = (
             state.rules.items()
