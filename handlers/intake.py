@@ -212,6 +212,11 @@ def build_intake(
         # partition unconsumed that long. Refreshing often makes the group rebalance onto it
         # within seconds.
         "consumer_metadata_max_age_ms": 3_000,
+        # Let forwards and seen-set changelog writes gather for up to 5 ms into one produce
+        # request. With faust's default of 0 the producer sent a request per ~2 records; with
+        # 5 ms, a third as many and ~13% fewer Python calls per event (see bench/intake.py).
+        # Delivery is unchanged: faust flushes the producer before it commits any offset.
+        "producer_linger": 0.005,
     }
     credentials = faust_credentials(kafka)
     if credentials is not None:
