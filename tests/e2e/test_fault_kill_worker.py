@@ -69,11 +69,9 @@ async def kill_worker_repeatedly(
     return await run.summary(suite="kill -9 worker", faults=f"kills={worker.kills}")
 
 
-# The loss this suite found (faust re-delivering a dropped keyed record behind later ones
-# around a rebalance) is fixed by counting events by their delivery sequence; see
-# docs/guarantees.md. Kept non-strict until the 20-kill soak version has run clean, so that it
-# runs and reports on every `make test` without betting CI on one more faust edge case.
-@pytest.mark.xfail(strict=False, reason="kept non-strict until the soak suite runs clean")
+# The loss this suite once found (faust re-delivering a dropped keyed record behind later
+# ones around a rebalance) is fixed by counting events by their delivery sequence; see
+# docs/guarantees.md.
 @pytest.mark.timeout(600)
 async def test_killing_the_worker_five_times_loses_and_doubles_no_launch_or_completion(
     fault_env: FaultEnv,
