@@ -59,9 +59,10 @@ rules:
 
 
 WORKER_TRIES = 2
-"""Fresh workers to try: on this 2-core machine a worker sometimes never consumed its
-warm-up events (its internal keyed topic "not found in cluster metadata"); seen in 2 of 6
-runs, not understood yet. A retry is reported in the notes, never hidden."""
+"""Fresh workers to try. A worker used to miss its warm-up events when its just-created
+keyed topic was not yet in the first metadata its consumer read ("not found in cluster
+metadata"); the intake now refreshes metadata every few seconds, so the group rebalances onto
+the topic. The retry stays for anything else; it is reported in the notes, never hidden."""
 
 
 class WorkerNotReadyError(RuntimeError):
