@@ -813,6 +813,14 @@ def _check_runtime(ctx: _Context, mark: tuple[int, int], runtime: Template) -> N
     if runtime.is_literal:
         if not _RUNTIME_NAME.match(runtime.literal):
             ctx.add(mark, f"bad runtime name {runtime.literal!r}")
+        elif ctx.runtimes and runtime.literal not in ctx.runtimes:
+            # A file that declares its runtimes means "only these": a literal outside the
+            # list is as likely a typo or a forgotten entry as a templated one is an attack.
+            ctx.add(
+                mark,
+                f"runtime {runtime.literal!r} is outside this file's allowlist "
+                f"({', '.join(sorted(ctx.runtimes))}): add it to `runtimes:` or fix the name",
+            )
         return
     if not ctx.runtimes:
         ctx.add(

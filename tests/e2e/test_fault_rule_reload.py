@@ -45,7 +45,9 @@ RATE = 100.0
 KEYS = ("m0", "m1", "m2", "m3")
 
 
-def rules_text(*, name: str = "drift-watch", window: str = "30d", runtime: str = "tiny") -> str:
+def rules_text(
+    *, name: str = "drift-watch", window: str = "30d", runtime: str = "torch-distributed"
+) -> str:
     """Rules that count every drift event per model and never launch."""
     return f"""
 runtimes: [torch-distributed]

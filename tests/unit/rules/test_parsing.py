@@ -92,6 +92,10 @@ def test_rule_errors_are_a_config_error():
             "f.yaml:6:23: runtime 'b' is outside the allowlist (a)",
         ),
         (
+            "runtimes: [a]\n" + GOOD,
+            "f.yaml:6:23: runtime 'rt' is outside this file's allowlist (a)",
+        ),
+        (
             GOOD.replace("runtime: rt", 'runtime: "${ event.data.rt }"'),
             "f.yaml:5:23: a templated runtime needs an allowlist",
         ),
@@ -143,7 +147,8 @@ def test_rule_errors_are_a_config_error():
         "bad-duration",
         "duplicate-name",
         "unknown-event-type",
-        "runtime-outside-allowlist",
+        "templated-runtime-outside-allowlist",
+        "literal-runtime-outside-allowlist",
         "templated-runtime-without-allowlist",
         "join-within-zero",
         "join-on-own-type",
