@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -97,13 +97,16 @@ class DecisionRecord:
         key: str,
         time: datetime,
         event_ids: tuple[str, ...],
-        message: str = "",
+        message: str | Callable[[], str] = "",
         job: TrainingRequest | None = None,
         job_name: str | None = None,
         window_count: int | None = None,
         window_sum: float | None = None,
     ) -> None:
-        """*decision_id* None: derive it from the other fields (see `decision_id`)."""
+        """*decision_id* None: derive it from the other fields (see `decision_id`).
+
+        *message* may be a function that writes it: called once, when it is first read.
+        """
         self._decision_id = decision_id
         self._outcome = outcome
         self._reason = reason
@@ -163,7 +166,10 @@ class DecisionRecord:
 
     @property
     def message(self) -> str:
-        return self._message
+        message = self._message
+        if not isinstance(message, str):
+            message = self._message = message()
+        return message
 
     @property
     def job(self) -> TrainingRequest | None:
@@ -193,7 +199,7 @@ class DecisionRecord:
             self._key,
             self._time,
             self._event_ids,
-            self._message,
+            self.message,
             self._job,
             self._job_name,
             self._window_count,
@@ -210,11 +216,14 @@ class DecisionRecord:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        names = ("decision_id", *(name[1:] for name in self.__slots__[1:]))
         parts = ", ".join(
-            f"{name}={value!r}" for name, value in zip(names, self._fields(), strict=True)
+            f"{name}={value!r}" for name, value in zip(_FIELDS, self._fields(), strict=True)
         )
         return f"DecisionRecord({parts})"
+
+    def __reduce__(self) -> tuple[type[DecisionRecord], tuple[Any, ...]]:
+        # Copies and pickles carry the values, not a message function still to be called.
+        return (DecisionRecord, self._fields())
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict: what `simulate --json` prints and the audit event carries."""
@@ -259,6 +268,24 @@ class DecisionRecord:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a decision record: {exc!r}") from exc
+
+
+_FIELDS = (
+    "decision_id",
+    "outcome",
+    "reason",
+    "rule",
+    "rule_version",
+    "key",
+    "time",
+    "event_ids",
+    "message",
+    "job",
+    "job_name",
+    "window_count",
+    "window_sum",
+)
+"""`DecisionRecord`'s fields in constructor order, as `_fields` gives their values."""
 
 
 def decision_id(

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -513,14 +514,13 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
         if match.key != key:
             continue
         rule = match.trigger.rule
-        decider = _Decider(rules, rule, key)  # cheap (a named tuple), used off the common path
         rule_state = _expire(rule, updated.get(rule.name) or _EMPTY_RULE_STATE, time)
         unchecked = checked is None or rule.name in reached
         reached.add(rule.name)
         if unchecked and _already_counted(rule_state, ident):
             message = "event already counted (same source and id)"
             records.append(
-                decider.record(
+                _Decider(rules, rule, key).record(
                     Outcome.SUPPRESS, Reason.DUPLICATE, time=time, event_ids=ids, message=message
                 )
             )
@@ -529,7 +529,9 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
         if behind and rule_state.last_launch is not None and time <= rule_state.last_launch:
             message = "re-delivered after the launch that consumed its place in the window"
             records.append(
-                decider.record(Outcome.LATE, None, time=time, event_ids=ids, message=message)
+                _Decider(rules, rule, key).record(
+                    Outcome.LATE, None, time=time, event_ids=ids, message=message
+                )
             )
             continue
         if join is not None:
@@ -545,7 +547,7 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
                     amount = _amount(rule, _activation(rules, event, time))
                 except EvaluationError as exc:
                     records.append(
-                        decider.record(
+                        _Decider(rules, rule, key).record(
                             Outcome.ERROR,
                             Reason.EXPRESSION_ERROR,
                             time=time,
@@ -554,12 +556,16 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
                         )
                     )
                     continue
-            entries = (*rule_state.entries, Entry(event.id, ident, time, amount))
+            # tuple.__new__ builds the named tuples at half the cost of their constructors;
+            # the fields are given in full and in order.
+            entries = (*rule_state.entries, _new_tuple(Entry, (event.id, ident, time, amount)))
             if behind:  # keep entries in event-time order, which expiry relies on
                 entries = tuple(sorted(entries, key=lambda e: e.time))
-            rule_state = RuleState(entries, *rule_state[1:])
-        if join is None and len(rule_state.entries) < rule.count:
+            rule_state = _new_tuple(RuleState, (entries, *rule_state[1:]))
+        count = len(rule_state.entries)
+        if join is None and count < rule.count:
             # The common case, spelled out: counted, not enough yet (what `_consider` says).
+            # The message is written when it is read, as the decision id is derived then.
             total = _window_sum(rule, rule_state)
             records.append(
                 DecisionRecord(
@@ -571,16 +577,20 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
                     key,
                     time,
                     ids,
-                    _progress_message(rule, len(rule_state.entries), total),
+                    partial(_progress_message, rule, count, total),
                     None,
                     None,
-                    len(rule_state.entries),
+                    count,
                     total,
                 )
             )
         else:
             rule_state, more = _consider(
-                decider, rule_state, time=time, event=event, via_join=join is not None
+                _Decider(rules, rule, key),
+                rule_state,
+                time=time,
+                event=event,
+                via_join=join is not None,
             )
             records += more
         updated[rule.name] = rule_state
@@ -591,6 +601,15 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
 
 def _amount(rule: Rule, activation: Activation) -> float:
     assert rule.sum is not None
+    of = rule.sum.of
+    if of.fast is not None:
+        try:
+            value = of.fast(activation.variables)
+        except (FastPathError, NeedsCel):
+            pass
+        else:
+            if type(value) is int or type(value) is float:
+                return float(value)
     try:
         value = rule.sum.of.evaluate(activation)
     except EvaluationError as exc:
@@ -609,6 +628,7 @@ def _already_counted(rule_state: RuleState, ident: str) -> bool:
 
 
 _IDENTITY = attrgetter("identity")
+_new_tuple = tuple.__new__
 
 
 def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
