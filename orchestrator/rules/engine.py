@@ -154,7 +154,7 @@ def _evaluate_triggers(
         except (FastPathError, NeedsCel):
             value = None
         if type(value) is str and value:
-            found.append(_Match(trigger, value))
+            found.append(_new_tuple(_Match, (trigger, value, None)))
         else:
             _append_match(found, trigger, activation)
     matches = tuple(found)

@@ -302,6 +302,15 @@ def _equal(left: Any, right: Any) -> bool:
     return bool(left == right)
 
 
+def _field(evaluator: Evaluator) -> tuple[_Path, str, str, str] | None:
+    """The path and its names when *evaluator* is `a.b.c` (`event.data.x`): comparisons of
+    such a field with a literal walk the path themselves, one call instead of two."""
+    if isinstance(evaluator, _Path) and len(evaluator.names) == 3:
+        first, second, third = evaluator.names
+        return evaluator, first, second, third
+    return None
+
+
 def _ordered(operator: Callable[[Any, Any], bool]) -> Callable[[Evaluator, Evaluator], Evaluator]:
     def compare(a: Any, b: Any) -> bool:
         if type(a) in _SIMPLE and type(b) in _SIMPLE and (type(a) is str) == (type(b) is str):
@@ -314,7 +323,24 @@ def _ordered(operator: Callable[[Any, Any], bool]) -> Callable[[Evaluator, Evalu
     def build(left: Evaluator, right: Evaluator) -> Evaluator:
         if isinstance(right, _Literal) and type(right.value) in (int, float):
             # `field > 0.5`: a number on the left compares directly, anything else as above.
-            number, get = right.value, _direct(left)
+            number = right.value
+            field = _field(left)
+            if field is not None:
+                exact, first, second, third = field
+
+                def field_with_number(variables: Mapping[str, Any]) -> bool:
+                    if type(variables) is dict:
+                        outer = variables.get(first)
+                        if type(outer) is dict:
+                            inner = outer.get(second)
+                            if type(inner) is dict:
+                                a = inner.get(third)
+                                if type(a) is int or type(a) is float:
+                                    return operator(a, number)
+                    return compare(exact(variables), number)
+
+                return field_with_number
+            get = _direct(left)
 
             def with_number(variables: Mapping[str, Any]) -> bool:
                 a = get(variables)
@@ -329,20 +355,43 @@ def _ordered(operator: Callable[[Any, Any], bool]) -> Callable[[Evaluator, Evalu
     return build
 
 
+def _with_text(left: Evaluator, text: str, *, equal: bool) -> Evaluator:
+    """`left == 'text'` (or `!=` when not *equal*), a string on the left compared directly."""
+    field = _field(left)
+    if field is not None:
+        exact, first, second, third = field
+
+        def field_with_text(variables: Mapping[str, Any]) -> bool:
+            if type(variables) is dict:
+                outer = variables.get(first)
+                if type(outer) is dict:
+                    inner = outer.get(second)
+                    if type(inner) is dict:
+                        a = inner.get(third)
+                        if type(a) is str:
+                            return (a == text) is equal
+            return _equal(exact(variables), text) is equal
+
+        return field_with_text
+    get = _direct(left)
+
+    def with_text(variables: Mapping[str, Any]) -> bool:
+        a = get(variables)
+        return (a == text if type(a) is str else _equal(a, text)) is equal
+
+    return with_text
+
+
 def _eq(left: Evaluator, right: Evaluator) -> Evaluator:
     if isinstance(right, _Literal) and type(right.value) is str:
-        text, get = right.value, _direct(left)
-
-        def with_text(variables: Mapping[str, Any]) -> bool:
-            a = get(variables)
-            return a == text if type(a) is str else _equal(a, text)
-
-        return with_text
+        return _with_text(left, right.value, equal=True)
     left, right = _direct(left), _direct(right)
     return lambda variables: _equal(left(variables), right(variables))
 
 
 def _ne(left: Evaluator, right: Evaluator) -> Evaluator:
+    if isinstance(right, _Literal) and type(right.value) is str:
+        return _with_text(left, right.value, equal=False)
     equal = _eq(left, right)
     return lambda variables: not equal(variables)
 
