@@ -416,11 +416,12 @@ def _advance(
             touched.add(changed)
     if timers_due or released:
         # Without timers due before, only rules this call touched can have one due now.
+        before = len(records)
         state = _fire_timers(
             rules, state, key=key, until=cutoff, records=records, inclusive=True, among=touched
         )
         if touched is not None:
-            touched.update(r.rule for r in records)
+            touched.update(r.rule for r in records[before:])
     state = _prune(rules, state, now=now, touched=touched, owned=state.rules is not given)
     return state, tuple(records)
 
