@@ -102,6 +102,7 @@ async def _faust_noop_rate(bootstrap: str, topic: str, count: int) -> float:
         f"bench-faust-{uuid.uuid4().hex[:8]}",
         broker=f"kafka://{bootstrap}",
         store="memory://",
+        datadir=Path(tempfile.mkdtemp(prefix="tuneloop-bench-faust-")),
         topic_partitions=1,
         topic_replication_factor=1,
         web_enabled=False,

@@ -31,10 +31,12 @@ dead-letter the true original if the sink refuses the event.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import faust
@@ -202,6 +204,9 @@ def build_intake(
     options: dict[str, Any] = {
         "broker": [f"kafka://{host.strip()}" for host in kafka.bootstrap.split(",")],
         "store": "memory://",
+        # faust creates a data folder even for in-memory tables; by default in the current
+        # directory, which left a `<group>-data` folder wherever a worker was started.
+        "datadir": _faust_data_folder(kafka.group_id),
         "topic_partitions": kafka.internal_partitions,
         "web_enabled": False,
         "autodiscover": False,
@@ -406,6 +411,14 @@ class _ProducerTopic:
 
     async def send(self, *, key: bytes | None, value: bytes | None, headers: list[Any]) -> None:
         await self._app.producer.send(self._name, key, value, None, None, headers)
+
+
+def _faust_data_folder(group_id: str) -> Path:
+    """Where faust may keep its per-app folder: the system's temporary directory (nothing
+    durable lives there; tables are in memory, backed by changelog topics)."""
+    parent = Path(tempfile.gettempdir()) / "tuneloop-faust"
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent / f"{group_id}-data"
 
 
 def _raw_topic(app: faust.App, *names: str, **options: Any) -> Any:

@@ -174,12 +174,13 @@ def test_an_external_bootstrap_is_used_as_given_and_nothing_is_started(
 
 
 async def test_a_faust_agent_round_trip_goes_through_the_broker(
-    kafka_bootstrap: str, new_topic: TopicFactory
+    kafka_bootstrap: str, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     app = faust.App(
         f"tuneloop-smoke-{uuid.uuid4().hex[:12]}",
         broker=f"kafka://{kafka_bootstrap}",
         store="memory://",
+        datadir=tmp_path / "faust",
         web_enabled=False,
         topic_partitions=1,
         broker_commit_interval=0.5,
@@ -206,13 +207,14 @@ async def test_a_faust_agent_round_trip_goes_through_the_broker(
 
 
 async def test_an_exactly_once_faust_agent_s_output_reaches_read_committed_readers(
-    kafka_bootstrap: str, new_topic: TopicFactory
+    kafka_bootstrap: str, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
     # One broker suffices because the transaction log has replication factor and min ISR 1.
     app = faust.App(
         f"tuneloop-eos-{uuid.uuid4().hex[:12]}",
         broker=f"kafka://{kafka_bootstrap}",
         store="memory://",
+        datadir=tmp_path / "faust",
         web_enabled=False,
         topic_partitions=1,
         processing_guarantee="exactly_once",
