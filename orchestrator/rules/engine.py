@@ -40,7 +40,6 @@ from orchestrator.rules.expressions import Activation, EvaluationError, event_va
 from orchestrator.rules.fastpath import FastPathError, NeedsCel
 from orchestrator.rules.model import Concurrency, Mode, Rule, RuleSet, Trigger, accepts_source
 from orchestrator.rules.state import (
-    _EMPTY_RULE_STATE,
     Buffered,
     Entry,
     Joined,
@@ -409,19 +408,13 @@ def _advance(
         state = _process(
             rules, state, key=key, event=event, time=time, records=records, checked=ident
         )
+    if timers_due or released:
+        state = _fire_timers(rules, state, key=key, until=cutoff, records=records, inclusive=True)
     touched = None
     if not timers_due:
         touched = {r.rule for r in records}
         if changed:
             touched.add(changed)
-    if timers_due or released:
-        # Without timers due before, only rules this call touched can have one due now.
-        before = len(records)
-        state = _fire_timers(
-            rules, state, key=key, until=cutoff, records=records, inclusive=True, among=touched
-        )
-        if touched is not None:
-            touched.update(r.rule for r in records[before:])
     state = _prune(rules, state, now=now, touched=touched, owned=state.rules is not given)
     return state, tuple(records)
 
@@ -515,7 +508,7 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
         if match.key != key:
             continue
         rule = match.trigger.rule
-        rule_state = _expire(rule, updated.get(rule.name) or _EMPTY_RULE_STATE, time)
+        rule_state = _expire(rule, updated.get(rule.name) or state.rule(rule.name), time)
         unchecked = checked is None or rule.name in reached
         reached.add(rule.name)
         if unchecked and _already_counted(rule_state, ident):
@@ -987,28 +980,14 @@ def _fire_timers(
     until: datetime,
     records: list[DecisionRecord],
     inclusive: bool,
-    among: Iterable[str] | None = None,
 ) -> KeyState:
-    """Fire debounce and budget timers due by *until* (event time), earliest first.
-
-    *among*: the only rules that can have a timer due (None: look at every rule).
-    """
-    if among is not None:
-        current = state.rules
-        if not any(
-            (rule_state := current.get(name)) is not None and rule_state.pending is not None
-            for name in among
-        ):
-            return state  # the common case: nothing waits among them, nothing to fire
+    """Fire debounce and budget timers due by *until* (event time), earliest first."""
+    if not any(rule_state.pending is not None for rule_state in state.rules.values()):
+        return state  # the common case: no launch waits, nothing to fire
     while True:
-        candidates = (
-            state.rules.items()
-            if among is None
-            else [(name, state.rules[name]) for name in among if name in state.rules]
-        )
         due_rules = [
             (rule_state.pending.due, name)
-            for name, rule_state in candidates
+            for name, rule_state in state.rules.items()
             if rule_state.pending is not None
             and rule_state.pending.due is not None
             and (rule_state.pending.due < until or (inclusive and rule_state.pending.due == until))
