@@ -628,25 +628,32 @@ _new_tuple = tuple.__new__
 def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
     """Drop window entries, joins and launch times that no longer matter at *time*."""
     start = time - rule.window
-    entries_fresh = not rule_state.entries or rule_state.entries[0].time > start
-    launches_fresh = not rule_state.launches or min(rule_state.launches) > time - DAY
-    if entries_fresh and launches_fresh and not rule_state.joined:
+    entries, joined, launches = rule_state.entries, rule_state.joined, rule_state.launches
+    entries_fresh = not entries or entries[0].time > start
+    launches_fresh = not launches or min(launches) > time - DAY
+    if entries_fresh and launches_fresh and not joined:
         return rule_state  # the common case, kept cheap: entries are in event-time order
-    entries = tuple(e for e in rule_state.entries if e.time > start)
-    joined = {
-        name: j
-        for name, j in rule_state.joined.items()
-        if any(join.type == name and j.time > time - join.within for join in rule.joins)
-    }
-    launches = tuple(t for t in rule_state.launches if t > time - DAY)
-    unchanged = (len(entries), len(joined), len(launches)) == (
-        len(rule_state.entries),
-        len(rule_state.joined),
-        len(rule_state.launches),
-    )
-    if unchanged:
+    # Rebuild only the parts where something expired (once windows expire, this runs for
+    # every key's oldest entry).
+    if not entries_fresh:
+        entries = tuple(e for e in entries if e.time > start)
+    if not launches_fresh:
+        launches = tuple(t for t in launches if t > time - DAY)
+    if joined:
+        kept = {
+            name: j
+            for name, j in joined.items()
+            if any(join.type == name and j.time > time - join.within for join in rule.joins)
+        }
+        if len(kept) != len(joined):
+            joined = kept
+    if (entries, joined, launches) == (
+        rule_state.entries,
+        rule_state.joined,
+        rule_state.launches,
+    ):
         return rule_state
-    return rule_state.with_changes(entries=entries, joined=joined, launches=launches)
+    return _new_tuple(RuleState, (entries, joined, *rule_state[2:4], launches, *rule_state[5:]))
 
 
 def _progress(rule: Rule, rule_state: RuleState) -> tuple[bool, str]:
