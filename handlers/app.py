@@ -60,10 +60,19 @@ JOBS_TABLE = "tuneloop-jobs"
 
 
 class TableKeyStates:
-    """`KeyStateStore` on a faust Table: key → `KeyState.to_json()`."""
+    """`KeyStateStore` on a faust Table: key → `KeyState.to_json()`.
+
+    It also keeps, in memory, when each key's timers are next due, so that the ticker looks
+    at the keys with timers instead of decoding every key's state every second (which cost
+    the worker more than its events once it held a few thousand keys). The index follows
+    every `save`; after a rebalance, when the Table holds other partitions, it is rebuilt
+    once from the Table.
+    """
 
     def __init__(self, table: Any) -> None:
         self._table = table
+        self._wakeups: dict[str, datetime] = {}
+        self._index_stale = True
 
     def load(self, key: str) -> KeyState | None:
         raw = self._table.get(key)
@@ -71,10 +80,30 @@ class TableKeyStates:
 
     def save(self, key: str, state: KeyState) -> None:
         self._table[key] = state.to_json()
+        due = engine.next_wakeup(state)
+        if due is None:
+            self._wakeups.pop(key, None)
+        else:
+            self._wakeups[key] = due
 
     def items(self) -> list[tuple[str, KeyState]]:
         """Every key this worker owns now (the Table holds only assigned partitions)."""
         return [(key, KeyState.from_json(raw)) for key, raw in list(self._table.items()) if raw]
+
+    def forget_wakeups(self) -> None:
+        """The Table's partitions changed (a rebalance): rebuild the index when next asked."""
+        self._index_stale = True
+
+    def due(self, now: datetime) -> list[tuple[str, datetime]]:
+        """Keys whose timers are due at *now*, with when they fell due."""
+        if self._index_stale:
+            self._index_stale = False
+            self._wakeups = {
+                key: due
+                for key, state in self.items()
+                if (due := engine.next_wakeup(state)) is not None
+            }
+        return [(key, due) for key, due in self._wakeups.items() if due <= now]
 
 
 class TableCompletions:
@@ -282,12 +311,15 @@ def _run_alongside(
 
     async def tick_due_keys() -> None:
         now = clock.now()
-        for key, state in states.items():
-            due = engine.next_wakeup(state)
-            if due is None or due > now or worker.ticks_pending.get(key) == due:
+        for key, due in states.due(now):
+            if worker.ticks_pending.get(key) == due:
                 continue
             worker.ticks_pending[key] = due
             await send_signal(key, signals.tick_event(signals.Tick(key=key, at=now)))
+
+    def rebuild_wakeups(sender: Any, *args: Any, **kwargs: Any) -> None:
+        # After recovery the Table holds exactly the assigned partitions' keys.
+        states.forget_wakeups()
 
     async def reload_rules() -> None:
         await reloader.watch(interval=reload_interval)
@@ -311,6 +343,7 @@ def _run_alongside(
         if removed:
             log.info("finished_jobs_removed", jobs=list(removed))
 
+    cast(Any, app.on_rebalance_complete).connect(rebuild_wakeups)
     faust_app.task(pump_observations)
     faust_app.timer(interval=tick_interval)(tick_due_keys)
     faust_app.task(reload_rules)

@@ -1,0 +1,44 @@
+"""The worker's timer index: the ticker finds due keys without decoding every key's state."""
+
+from __future__ import annotations
+
+from handlers.app import TableKeyStates
+from orchestrator.rules import engine
+from orchestrator.rules.engine import KeyState
+from tests.unit.rules.builders import at, drift, one_rule
+
+DEBOUNCED = one_rule("count: 1\ndebounce: {quiet: 10m, max_wait: 1h}\n")
+
+
+def debounced_state(model: str) -> KeyState:
+    """A key whose debounce timer falls due 10 minutes after minute 0."""
+    state, _ = engine.evaluate(
+        DEBOUNCED, None, drift(1, 0, model=model), key=model, now=at(0), arrived_at=at(0)
+    )
+    return state
+
+
+def test_a_saved_key_with_a_timer_is_due_once_its_time_comes() -> None:
+    states = TableKeyStates({})
+    states.due(at(0))  # the first call builds the index from the (empty) table
+    states.save("m1", debounced_state("m1"))
+    assert states.due(at(9)) == []
+    assert states.due(at(10)) == [("m1", at(10))]
+
+
+def test_keys_already_in_the_table_are_found_after_a_rebalance() -> None:
+    table: dict[str, object] = {"m1": debounced_state("m1").to_json()}
+    states = TableKeyStates(table)
+    assert states.due(at(10)) == [("m1", at(10))]
+    table["m2"] = debounced_state("m2").to_json()  # recovered from the changelog
+    del table["m1"]  # its partition went to another worker
+    states.forget_wakeups()
+    assert states.due(at(10)) == [("m2", at(10))]
+
+
+def test_a_key_whose_timer_fired_and_has_none_left_is_no_longer_due() -> None:
+    states = TableKeyStates({})
+    states.save("m1", debounced_state("m1"))
+    fired, _ = engine.tick(DEBOUNCED, debounced_state("m1"), key="m1", now=at(10))
+    states.save("m1", fired)
+    assert all(key != "m1" or due > at(10) for key, due in states.due(at(10)))
