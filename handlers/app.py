@@ -67,19 +67,37 @@ class TableKeyStates:
     the worker more than its events once it held a few thousand keys). The index follows
     every `save`; after a rebalance, when the Table holds other partitions, it is rebuilt
     once from the Table.
+
+    It also remembers the decoded state of the keys it saved last: decoding a key with many
+    rules costs more than evaluating the event, and a busy key is loaded again soon. A
+    remembered state is used only while the Table still holds the very object it was saved
+    as, so a value recovered from the changelog (a new object) is always decoded afresh.
     """
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Any, *, remembered_keys: int = 4096) -> None:
         self._table = table
         self._wakeups: dict[str, datetime] = {}
         self._index_stale = True
+        self._remembered: dict[str, tuple[object, KeyState]] = {}
+        self._remembered_keys = remembered_keys
 
     def load(self, key: str) -> KeyState | None:
         raw = self._table.get(key)
-        return KeyState.from_json(raw) if raw else None
+        if not raw:
+            return None
+        remembered = self._remembered.get(key)
+        if remembered is not None and remembered[0] is raw:
+            return remembered[1]
+        return KeyState.from_json(raw)
 
     def save(self, key: str, state: KeyState) -> None:
-        self._table[key] = state.to_json()
+        raw = state.to_json()
+        self._table[key] = raw
+        # Re-inserted at the end, so the oldest saved key is the one forgotten first.
+        self._remembered.pop(key, None)
+        self._remembered[key] = (raw, state)
+        if len(self._remembered) > self._remembered_keys:
+            del self._remembered[next(iter(self._remembered))]
         due = engine.next_wakeup(state)
         if due is None:
             self._wakeups.pop(key, None)

@@ -1,4 +1,4 @@
-"""The worker's timer index: the ticker finds due keys without decoding every key's state."""
+"""The worker's rule-state store: a timer index, and the decoded states of busy keys."""
 
 from __future__ import annotations
 
@@ -42,3 +42,29 @@ def test_a_key_whose_timer_fired_and_has_none_left_is_no_longer_due() -> None:
     fired, _ = engine.tick(DEBOUNCED, debounced_state("m1"), key="m1", now=at(10))
     states.save("m1", fired)
     assert all(key != "m1" or due > at(10) for key, due in states.due(at(10)))
+
+
+def test_a_key_saved_last_loads_without_decoding_its_state_again() -> None:
+    states = TableKeyStates({})
+    saved = debounced_state("m1")
+    states.save("m1", saved)
+    assert states.load("m1") is saved
+
+
+def test_a_state_recovered_from_the_changelog_is_decoded_not_taken_from_memory() -> None:
+    table: dict[str, object] = {}
+    states = TableKeyStates(table)
+    states.save("m1", debounced_state("m1"))
+    fired, _ = engine.tick(DEBOUNCED, debounced_state("m1"), key="m1", now=at(10))
+    table["m1"] = fired.to_json()  # another worker's newer state, replayed from the changelog
+    assert states.load("m1") == fired
+
+
+def test_only_the_most_recently_saved_keys_are_remembered() -> None:
+    states = TableKeyStates({}, remembered_keys=2)
+    first = debounced_state("m1")
+    states.save("m1", first)
+    states.save("m2", debounced_state("m2"))
+    states.save("m3", debounced_state("m3"))
+    assert states.load("m1") == first
+    assert states.load("m1") is not first
