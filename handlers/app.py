@@ -219,7 +219,11 @@ def build_worker(
 
     async def sink(key: str, event: CloudEvent, info: RecordInfo) -> None:
         records = await holder["orchestrator"].handle(
-            key, event, arrived_at=info.timestamp, sequence=info.sequence
+            key,
+            event,
+            arrived_at=info.timestamp,
+            sequence=info.sequence,
+            position=info.position,
         )
         counts.decisions.update(record.outcome.value for record in records)
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent, ExtensionValue
+from orchestrator.rules.state import InputPosition
 from orchestrator.vocabulary.rejections import Rejection
 from orchestrator.vocabulary.timestamps import format_rfc3339, parse_rfc3339
 
@@ -101,6 +102,14 @@ class RecordInfo:
     sequence: int | None = None
     """Delivery order among the records of one rule key: the keyed topic's offset, set by the
     intake's keyed stage (the rule engine counts a re-delivered event by it)."""
+
+    @property
+    def position(self) -> InputPosition | None:
+        """Where this record sits on its topic, for the rule engine to tell a re-delivered
+        event from a late one; None for a signal, which came from no input record."""
+        if self.partition < 0 or self.offset < 0:
+            return None
+        return InputPosition(f"{self.topic}/{self.partition}", self.offset)
 
 
 def is_json_content_type(content_type: str | None) -> bool:

@@ -129,18 +129,22 @@ class Orchestrator:
         *,
         arrived_at: datetime | None = None,
         sequence: int | None = None,
+        position: engine.InputPosition | None = None,
     ) -> tuple[DecisionRecord, ...]:
         """Handle one input of *key*: a producer's event or an internal signal.
 
-        *sequence* is the input's delivery order among the inputs of *key* (see
-        `engine.evaluate`), so that an event the transport re-delivers is still counted.
+        *sequence* is the input's delivery order among the inputs of *key* and *position*
+        where its record sits on the input topic (see `engine.evaluate`), so that an event
+        the transport re-delivers is still counted.
         """
         signal = signals.read_signal(event)
         if isinstance(signal, signals.Tick):
             return await self.handle_tick(key)
         if isinstance(signal, Observation):
             return await self.handle_observation(key, signal)
-        return await self.handle_event(key, event, arrived_at=arrived_at, sequence=sequence)
+        return await self.handle_event(
+            key, event, arrived_at=arrived_at, sequence=sequence, position=position
+        )
 
     async def handle_event(
         self,
@@ -149,6 +153,7 @@ class Orchestrator:
         *,
         arrived_at: datetime | None = None,
         sequence: int | None = None,
+        position: engine.InputPosition | None = None,
     ) -> tuple[DecisionRecord, ...]:
         now = self._clock.now()
         state, records = engine.evaluate(
@@ -159,6 +164,7 @@ class Orchestrator:
             now=now,
             arrived_at=arrived_at or now,
             sequence=sequence,
+            position=position,
         )
         return await self._commit(key, state, records)
 

@@ -42,6 +42,7 @@ from orchestrator.rules.model import Concurrency, Mode, Rule, RuleSet, Trigger, 
 from orchestrator.rules.state import (
     Buffered,
     Entry,
+    InputPosition,
     Joined,
     KeyState,
     Pending,
@@ -53,6 +54,7 @@ from orchestrator.rules.state import (
 from orchestrator.rules.templating import Template, TemplateError, check_value
 
 __all__ = [
+    "InputPosition",
     "JobFinished",
     "KeyState",
     "Route",
@@ -249,14 +251,17 @@ def evaluate(
     now: datetime,
     arrived_at: datetime | None = None,
     sequence: int | None = None,
+    position: InputPosition | None = None,
 ) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
     """Decide about *event* for every rule routed to *key*; also run timers due by *now*.
 
     *sequence* is the event's delivery order for this key (the wiring passes the keyed
-    topic's offset). An event delivered with a lower sequence than one already processed was
-    sent before it and only arrives behind it because the transport re-delivered it (a
-    rebalance): it is counted where it belongs instead of being ruled `late`, unless a launch
-    already consumed its place in the window. Without a sequence, event time alone decides.
+    topic's offset) and *position* where its producer's record sits on the input topic. An
+    event delivered with a lower sequence than one already processed, or from an input
+    position before one already processed from the same partition, was sent before it and
+    only arrives behind it because the transport re-delivered it (a rebalance, on either
+    topic): it is counted where it belongs instead of being ruled `late`, unless a launch
+    already consumed its place in the window. Without either, event time alone decides.
     """
     state = state or KeyState()
     time = event.event_time(arrived_at or now)
@@ -283,9 +288,17 @@ def evaluate(
             for name in rule_names
         )
         return state, records
-    redelivered = sequence is not None and state.sequence is not None and sequence < state.sequence
-    if sequence is not None and not redelivered:
-        state = state._replace(sequence=sequence)
+    redelivered = False
+    if sequence is not None:
+        if state.sequence is not None and sequence < state.sequence:
+            redelivered = True
+        else:
+            state = state._replace(sequence=sequence)
+    if position is not None:
+        positions, behind = _with_position(state.positions, position)
+        redelivered = redelivered or behind
+        if positions is not state.positions:
+            state = state._replace(positions=positions)
     if state.horizon is not None and time < state.horizon and not redelivered:
         lag = format_duration(state.horizon - time)
         message = (
@@ -312,6 +325,20 @@ def evaluate(
     buffer = tuple(sorted((*state.buffer, held), key=lambda b: (b.time, b.identity)))
     state = state._replace(buffer=buffer)
     return _advance(rules, state, key, now)
+
+
+def _with_position(
+    positions: tuple[InputPosition, ...], position: InputPosition
+) -> tuple[tuple[InputPosition, ...], bool]:
+    """*positions* with *position* taken in, and whether *position* is behind one of them."""
+    for n, known in enumerate(positions):
+        if known.partition == position.partition:
+            if position.offset < known.offset:
+                return positions, True
+            if position.offset == known.offset:
+                return positions, False
+            return (*positions[:n], position, *positions[n + 1 :]), False
+    return (*positions, position), False
 
 
 def tick(
@@ -363,7 +390,9 @@ def _with_rule(state: KeyState, name: str, rule_state: RuleState) -> KeyState:
     rules = dict(state.rules)
     rules[name] = rule_state
     # Spelled out: dataclasses.replace is a measurable share of the engine's time.
-    return KeyState(state.horizon, state.buffer, rules, state.wakeups, state.sequence)
+    return KeyState(
+        state.horizon, state.buffer, rules, state.wakeups, state.sequence, state.positions
+    )
 
 
 def _advance(
@@ -590,7 +619,7 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
         updated[rule.name] = rule_state
     if horizon is None or time > horizon:
         horizon = time
-    return KeyState(horizon, state.buffer, updated, state.wakeups, state.sequence)
+    return KeyState(horizon, state.buffer, updated, state.wakeups, state.sequence, state.positions)
 
 
 def _amount(rule: Rule, activation: Activation) -> float:
@@ -1076,7 +1105,12 @@ def _prune(
         if rule_wakeup is not None and (wakeup is None or rule_wakeup < wakeup):
             wakeup = rule_wakeup
     return KeyState(
-        state.horizon, state.buffer, kept, (wakeup,) if wakeup is not None else (), state.sequence
+        state.horizon,
+        state.buffer,
+        kept,
+        (wakeup,) if wakeup is not None else (),
+        state.sequence,
+        state.positions,
     )
 
 

@@ -188,6 +188,15 @@ class Buffered:
     release_at: datetime
 
 
+class InputPosition(NamedTuple):
+    """Where the producer's record of an event sits: its input partition, named
+    `topic/partition`, and its offset there. Offsets order the records of one partition as
+    their producer sent them, whatever order a consumer later delivers them in."""
+
+    partition: str
+    offset: int
+
+
 class KeyState(NamedTuple):
     """All rules' state for one key."""
 
@@ -201,6 +210,12 @@ class KeyState(NamedTuple):
     """Highest delivery sequence (the keyed topic's offset) of an event processed for this key:
     an event delivered with a lower one was sent earlier and only arrives late because the
     transport re-delivered it, so it is counted rather than ruled `late`."""
+    positions: tuple[InputPosition, ...] = ()
+    """Highest input offset processed for this key, per input partition: an event whose input
+    record sits before one already processed from the same partition was sent earlier, and
+    arrives behind it only because a consumer read it out of order (faust can skip a fetched
+    record around a rebalance and read it again after later ones, on the input topic as on
+    the keyed one), so it too is counted rather than ruled `late`."""
 
     def rule(self, name: str) -> RuleState:
         """This key's state of rule *name* (empty when the rule has none yet)."""
@@ -222,6 +237,7 @@ class KeyState(NamedTuple):
             "rules": {name: _rule_to_json(state) for name, state in sorted(self.rules.items())},
             "wakeups": [_time(t) for t in self.wakeups],
             "sequence": self.sequence,
+            "positions": [[p.partition, p.offset] for p in self.positions],
         }
 
     @classmethod
@@ -252,6 +268,11 @@ class KeyState(NamedTuple):
             rules={name: _rule_from_json(value) for name, value in data.get("rules", {}).items()},
             wakeups=tuple(parse_time(t) for t in data.get("wakeups", ())),
             sequence=data.get("sequence"),
+            # Absent in states written before input positions were kept.
+            positions=tuple(
+                InputPosition(str(partition), int(offset))
+                for partition, offset in data.get("positions", ())
+            ),
         )
 
 

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
+from handlers.codec import RecordInfo
 from handlers.dedup import SeenEvents
 from handlers.intake import _Pipeline, route_by_partitionkey
 from orchestrator.errors import InvalidEventError, TransientBackendError
+from orchestrator.rules.state import InputPosition
 from orchestrator.settings import KafkaSettings
 from orchestrator.vocabulary import SchemaRegistry
 from tests.corpus.bad_records import NOW, binary_headers
@@ -86,6 +88,23 @@ async def test_a_valid_event_reaches_the_sink_under_its_key_with_its_origin() ->
     )
     assert calls == [("chat", "a", "in", 7)]
     assert dlq.sent == []
+
+
+async def test_the_sink_learns_where_the_input_record_sits_for_the_rule_engine() -> None:
+    positions = []
+
+    async def sink(key, event, info):
+        positions.append(info.position)
+
+    stage, keyed, _ = pipeline(sink)
+    await pass_through(
+        stage, keyed, message(DATA, binary_headers(ce_id="a", ce_partitionkey="chat"), offset=7)
+    )
+    assert positions == [InputPosition("in/0", 7)]
+
+
+def test_a_signal_has_no_input_position() -> None:
+    assert RecordInfo(topic="keyed", partition=-1, offset=-1).position is None
 
 
 async def test_the_same_source_and_id_reach_the_sink_once() -> None:

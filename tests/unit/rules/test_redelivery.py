@@ -1,5 +1,6 @@
 """An event the transport re-delivers behind later ones still counts; a producer's late one
-does not. The delivery sequence (the keyed topic's offset) tells the two apart."""
+does not. The delivery sequence (the keyed topic's offset) and the input position (where the
+producer's record sits on the input topic) tell the two apart."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from orchestrator.events import CloudEvent
 from orchestrator.ledger import Outcome
 from orchestrator.rules import engine
-from orchestrator.rules.engine import KeyState
+from orchestrator.rules.engine import InputPosition, KeyState
 from orchestrator.rules.parsing import Source, parse_files
 from orchestrator.rules.state import KeyState as StoredKeyState
 
@@ -43,11 +44,26 @@ def drift(n: int) -> CloudEvent:
     )
 
 
-def feed(state: KeyState | None, n: int, sequence: int | None) -> tuple[KeyState, list[Outcome]]:
+def feed(
+    state: KeyState | None,
+    n: int,
+    sequence: int | None,
+    position: InputPosition | None = None,
+) -> tuple[KeyState, list[Outcome]]:
     state, records = engine.evaluate(
-        RULES, state, drift(n), key="m", now=T0 + timedelta(hours=1), sequence=sequence
+        RULES,
+        state,
+        drift(n),
+        key="m",
+        now=T0 + timedelta(hours=1),
+        sequence=sequence,
+        position=position,
     )
     return state, [r.outcome for r in records]
+
+
+def at(offset: int, partition: str = "drift/0") -> InputPosition:
+    return InputPosition(partition, offset)
 
 
 def test_an_event_redelivered_behind_a_later_one_is_counted_and_completes_the_window():
@@ -84,3 +100,47 @@ def test_the_delivery_sequence_survives_a_restart():
     state, _ = feed(None, 1, sequence=10)
     restored = StoredKeyState.from_json(state.to_json())
     assert restored.sequence == 10
+
+
+def test_an_event_the_intake_forwarded_behind_a_later_one_is_counted():
+    # faust skipped d2's input record around a rebalance and read it again after d3's, so
+    # the keyed topic holds d3 first: only the input offsets show d2 was sent before d3.
+    state, _ = feed(None, 1, sequence=10, position=at(500))
+    state, _ = feed(state, 3, sequence=11, position=at(502))
+    state, outcomes = feed(state, 2, sequence=12, position=at(501))
+    assert outcomes == [Outcome.LAUNCH]
+
+
+def test_an_older_event_from_another_input_partition_is_late():
+    # Two partitions have no order between them: event time decides.
+    state, _ = feed(None, 1, sequence=10, position=at(500, "drift/0"))
+    state, _ = feed(state, 3, sequence=11, position=at(502, "drift/0"))
+    state, outcomes = feed(state, 2, sequence=12, position=at(10, "drift/1"))
+    assert outcomes == [Outcome.LATE]
+
+
+def test_a_producer_late_event_is_late_by_its_input_position_too():
+    state, _ = feed(None, 1, sequence=10, position=at(500))
+    state, _ = feed(state, 3, sequence=11, position=at(501))
+    state, outcomes = feed(state, 2, sequence=12, position=at(502))
+    assert outcomes == [Outcome.LATE]
+
+
+def test_the_key_keeps_the_highest_position_per_input_partition():
+    state, _ = feed(None, 1, sequence=None, position=at(7, "drift/0"))
+    state, _ = feed(state, 3, sequence=None, position=at(4, "drift/1"))
+    state, _ = feed(state, 2, sequence=None, position=at(5, "drift/0"))
+    assert state.positions == (at(7, "drift/0"), at(4, "drift/1"))
+
+
+def test_input_positions_survive_a_restart():
+    state, _ = feed(None, 1, sequence=10, position=at(500))
+    restored = StoredKeyState.from_json(state.to_json())
+    assert restored.positions == (at(500),)
+
+
+def test_a_state_saved_before_positions_were_kept_still_loads():
+    state, _ = feed(None, 1, sequence=10)
+    saved = state.to_json()
+    del saved["positions"]
+    assert StoredKeyState.from_json(saved).positions == ()
