@@ -36,6 +36,15 @@ class TrainingBackend(Protocol):
         after a restart."""
         ...
 
+    async def active_jobs(self) -> frozenset[str]:
+        """Names of the jobs this backend launched that have not finished (queued, pending,
+        suspended or running): what `limits.max_concurrent_jobs` counts.
+
+        Raises:
+            TransientBackendError: try again later.
+        """
+        ...
+
 
 class EventPublisher(Protocol):
     """Where tuneloop's own CloudEvents go (completions, decisions)."""

@@ -98,6 +98,9 @@ class Orchestrator:
         self._audit_topic = audit_topic
         self._retry = retry
         self._sleep = sleep
+        # Launches check the global job limit one at a time, so that two partitions of this
+        # worker cannot both take the last free slot.
+        self._slots = asyncio.Lock()
 
     @property
     def rules(self) -> RuleSet:
@@ -238,6 +241,49 @@ class Orchestrator:
     async def _launch(self, request: TrainingRequest) -> bool:
         """Launch *request*, retrying while the backend is unavailable; False if refused."""
         await self._completions.record_launch(request)
+        if self._rules.limits.max_concurrent_jobs is None:
+            return await self._launch_now(request)
+        async with self._slots:
+            await self._wait_for_a_slot(request)
+            return await self._launch_now(request)
+
+    async def _wait_for_a_slot(self, request: TrainingRequest) -> None:
+        """Hold *request* while `limits.max_concurrent_jobs` jobs are active.
+
+        The backend counts the active jobs, so the limit spans every worker that launches
+        into it (a race between two workers can still overshoot it by one each). A job that
+        is already active (a launch replayed after a restart) is never held. The key's
+        partition waits meanwhile, like a launch waiting for the API server, and nothing is
+        lost: the hold ends when a job finishes or a rule reload raises the limit.
+        """
+        delay = self._retry.initial_delay
+        held = False
+        while True:
+            try:
+                active = await self._backend.active_jobs()
+            except TransientBackendError as exc:
+                log.warning("job_slots_unknown", job=request.name, error=str(exc))
+                await self._sleep(max(delay, exc.delay))
+                delay = min(delay * 2, self._retry.max_delay)
+                continue
+            if request.name in active or engine.may_launch(self._rules, running=len(active)):
+                if held:
+                    log.info("job_launch_released", job=request.name, active=len(active))
+                return
+            if not held:
+                held = True
+                log.warning(
+                    "job_launch_held",
+                    job=request.name,
+                    rule=request.rule,
+                    key=request.key,
+                    active=len(active),
+                    limit=self._rules.limits.max_concurrent_jobs,
+                )
+            await self._sleep(delay)
+            delay = min(delay * 2, self._retry.max_delay)
+
+    async def _launch_now(self, request: TrainingRequest) -> bool:
         delay = self._retry.initial_delay
         attempt = 0
         while True:

@@ -95,6 +95,9 @@ class InMemoryBackend:
         finally:
             self._subscribers.remove(queue)
 
+    async def active_jobs(self) -> frozenset[str]:
+        return frozenset(name for name, job in self._jobs.items() if not job.phase.is_final)
+
     # --- test hooks -------------------------------------------------------------------
 
     def move(

@@ -434,6 +434,17 @@ class KubernetesBackend:
             ),
         )
 
+    async def active_jobs(self) -> frozenset[str]:
+        """Our TrainJobs in the namespace that have not finished, whoever launched them: the
+        count spans every worker that launches into this namespace."""
+        _, items = await self._list()
+        now = self._clock.now()
+        return frozenset(
+            obj["metadata"]["name"]
+            for obj in items
+            if not phase_of(obj, now=now, jobset_timeout=self._settings.jobset_timeout)[0].is_final
+        )
+
     # --- garbage collection -------------------------------------------------------------
 
     async def remove_finished(

@@ -230,6 +230,16 @@ class LocalProcessBackend:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
+    async def active_jobs(self) -> frozenset[str]:
+        """Jobs in the work directory that have not exited: queued and running alike."""
+        await self._ensure_started()
+        async with self._lock:
+            return frozenset(
+                job.name
+                for job in self._jobs.values()
+                if not job.final_emitted and not job.has("exit.json")
+            )
+
     async def aclose(self) -> None:
         """Stop watching. Running trainers keep running; a new instance adopts them."""
         if self._pump is not None:

@@ -112,6 +112,18 @@ class BackendContract:
         assert [o.phase for o in observed].count(JobPhase.SUCCEEDED) == 1
         await stream.aclose()  # type: ignore[attr-defined]
 
+    async def test_a_launched_job_is_active_until_it_finishes(
+        self, backend: TrainingBackend, runtime: str, controller: JobController
+    ):
+        assert "ft-active" not in await backend.active_jobs()
+        job = await backend.launch(request("ft-active", runtime))
+        assert "ft-active" in await backend.active_jobs()
+        stream = aiter(backend.observe())
+        await controller.move(job, JobPhase.SUCCEEDED, result=JobResult("file:///a"))
+        await until(stream, "ft-active", JobPhase.SUCCEEDED)
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert "ft-active" not in await backend.active_jobs()
+
     async def test_another_decision_with_the_same_name_is_rejected(
         self, backend: TrainingBackend, runtime: str
     ):

@@ -197,3 +197,74 @@ async def test_internal_signal_types_are_recognised():
     assert signals.read_signal(drift(1)) is None
     with pytest.raises(ValueError, match="unknown internal signal"):
         signals.read_signal(CloudEvent(id="x", source="/x", type="io.tuneloop.internal.nope"))
+
+
+LIMITED = RULES.replace(
+    "runtimes: [torch-distributed]\n",
+    "runtimes: [torch-distributed]\nlimits: {max_concurrent_jobs: 1}\n",
+)
+
+
+async def test_a_launch_over_the_global_job_limit_waits_until_a_job_finishes():
+    world = World(LIMITED)
+    orch = world.orchestrator()
+    await feed(orch, drift(1, model="m1"))
+    await feed(orch, drift(2, model="m1"))  # m1's job takes the only slot
+    first = world.backend.job_names[0]
+
+    async def sleep_until_the_first_job_ends(seconds: float) -> None:
+        world.sleeps.append(seconds)
+        if len(world.sleeps) == 3:  # the hold lasts three looks at the backend
+            world.backend.move(first, JobPhase.SUCCEEDED)
+
+    orch._sleep = sleep_until_the_first_job_ends
+    await feed(orch, drift(1, model="m2"))
+    assert await feed(orch, drift(2, model="m2")) == [Outcome.LAUNCH]
+
+    assert len(world.backend.job_names) == 2
+    assert world.sleeps == [0.1, 0.2, 0.4]  # backing off, as for an unavailable backend
+
+
+async def test_a_replayed_launch_of_an_active_job_is_not_held_by_the_limit():
+    world = World(LIMITED)
+    orch = world.orchestrator()
+    await feed(orch, drift(1))
+    before = dict(world.states.states)
+    await feed(orch, drift(2))
+
+    world.states.states = before  # the state write was lost; the launch replays
+    assert await feed(world.orchestrator(), drift(2)) == [Outcome.LAUNCH]
+
+    assert world.sleeps == []
+    assert len(world.backend.job_names) == 1
+
+
+async def test_raising_the_limit_in_a_rule_reload_releases_a_held_launch():
+    world = World(LIMITED)
+    orch = world.orchestrator()
+    await feed(orch, drift(1, model="m1"))
+    await feed(orch, drift(2, model="m1"))
+
+    async def reload_during_the_hold(seconds: float) -> None:
+        world.sleeps.append(seconds)
+        orch.replace_rules(parse_files([Source("rules.yaml", LIMITED.replace(": 1}", ": 2}"))]))
+
+    orch._sleep = reload_during_the_hold
+    await feed(orch, drift(1, model="m2"))
+    assert await feed(orch, drift(2, model="m2")) == [Outcome.LAUNCH]
+
+    assert len(world.backend.job_names) == 2
+    assert world.sleeps == [0.1]
+
+
+async def test_without_a_limit_launches_never_ask_the_backend_what_is_active():
+    world = World()
+    orch = world.orchestrator()
+
+    async def must_not_be_called() -> frozenset[str]:
+        raise AssertionError("active_jobs was called")
+
+    world.backend.active_jobs = must_not_be_called  # type: ignore[method-assign]
+    for model in ("m1", "m2", "m3"):
+        await feed(orch, drift(1, model=model))
+        assert await feed(orch, drift(2, model=model)) == [Outcome.LAUNCH]
