@@ -457,8 +457,13 @@ async def diagnosis(
     namespace: str,
     expected: frozenset[str],
     workers: Sequence[WorkerProcess],
+    group: str | None = None,
+    events: Sequence[CloudEvent] = (),
 ) -> str:
-    """What a stuck suite has so far: TrainJobs vs expected, decisions by outcome, logs."""
+    """What a stuck suite has so far: TrainJobs vs expected, decisions by outcome, logs; with
+    *group* and *events*, which events of each missing key were decided and how far the
+    group committed (an event never decided behind a committed offset was skipped; behind
+    an uncommitted one, it is waiting to be read again)."""
     names = set(trainjob_names(kubeconfig, namespace))
     audit = await read_topic(bootstrap, topics["audit"])
     outcomes = Counter(f"{e.data.get('outcome')}/{e.data.get('reason')}" for e in audit)
@@ -472,8 +477,51 @@ async def diagnosis(
     return (
         f"trainjobs={len(names)} expected={len(expected)} missing={missing[:10]} "
         f"(of which decided in the audit topic: {sorted(set(missing) & audited)[:10]})\n"
-        f"decisions: {dict(outcomes)}\nlate: {late[:10]}\n{workers_log_tails(workers)}"
+        f"decisions: {dict(outcomes)}\nlate: {late[:10]}\n"
+        f"{_missing_keys_story(missing, audit, events)}"
+        f"{await asyncio.to_thread(_group_lag, bootstrap, group) if group else ''}"
+        f"{workers_log_tails(workers)}"
     )
+
+
+def _missing_keys_story(
+    missing: Sequence[str], audit: Sequence[CloudEvent], events: Sequence[CloudEvent]
+) -> str:
+    """Per missing job's key (up to 5): each event sent for it, with its decision or `-`."""
+    decided: dict[str, str] = {}
+    for record in audit:
+        for event_id in record.data.get("event_ids") or ():
+            decided[str(event_id)] = str(record.data.get("outcome"))
+    lines = []
+    for job in missing[:5]:
+        key = next((e.subject for e in events if e.subject and f"-{e.subject}-" in job), None)
+        if key is None:
+            continue
+        story = [f"{e.id}:{decided.get(e.id, '-')}" for e in events if e.subject == key]
+        lines.append(f"  {key}: {' '.join(story)}")
+    return "events of missing keys (id:decision, - = never decided):\n" + "\n".join(lines) + "\n"
+
+
+def _group_lag(bootstrap: str, group: str) -> str:
+    """Committed offset vs end offset per partition of *group*, where they differ."""
+    from kafka import KafkaAdminClient, KafkaConsumer
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        committed = admin.list_consumer_group_offsets(group)
+        ends = consumer.end_offsets(list(committed))
+    except Exception as exc:  # a diagnosis must not hide the failure it explains
+        return f"group offsets unavailable: {exc!r}\n"
+    finally:
+        admin.close()
+        consumer.close()
+    behind = [
+        f"{tp.topic}[{tp.partition}] {meta.offset}/{ends.get(tp)}"
+        for tp, meta in sorted(committed.items())
+        if meta.offset != ends.get(tp)
+    ]
+    return f"group {group} committed/end where behind: {behind or 'none'}\n"
 
 
 def completions_by_job(out: Iterable[CloudEvent]) -> dict[str, set[str]]:
@@ -600,6 +648,8 @@ class FaultRun:
             namespace=self.config.namespace,
             expected=self.expected,
             workers=self.workers,
+            group=self.config.group,
+            events=self.events,
         )
 
     async def send(
