@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from orchestrator.events import CloudEvent
 from orchestrator.ledger import Outcome
 from orchestrator.rules import engine
@@ -102,28 +104,32 @@ def test_the_delivery_sequence_survives_a_restart():
     assert restored.sequence == 10
 
 
-def test_an_event_the_intake_forwarded_behind_a_later_one_is_counted():
-    # faust skipped d2's input record around a rebalance and read it again after d3's, so
-    # the keyed topic holds d3 first: only the input offsets show d2 was sent before d3.
-    state, _ = feed(None, 1, sequence=10, position=at(500))
-    state, _ = feed(state, 3, sequence=11, position=at(502))
-    state, outcomes = feed(state, 2, sequence=12, position=at(501))
-    assert outcomes == [Outcome.LAUNCH]
+def alarm_2_delivered_last(
+    first: InputPosition, third: InputPosition, second: InputPosition
+) -> list[Outcome]:
+    """The outcome of d2 when the keyed topic delivers d1, d3, then d2 (keyed offsets 10, 11,
+    12), with their producer's records at *first*, *third* and *second* on the input topic."""
+    state, _ = feed(None, 1, sequence=10, position=first)
+    state, _ = feed(state, 3, sequence=11, position=third)
+    _, outcomes = feed(state, 2, sequence=12, position=second)
+    return outcomes
 
 
-def test_an_older_event_from_another_input_partition_is_late():
-    # Two partitions have no order between them: event time decides.
-    state, _ = feed(None, 1, sequence=10, position=at(500, "drift/0"))
-    state, _ = feed(state, 3, sequence=11, position=at(502, "drift/0"))
-    state, outcomes = feed(state, 2, sequence=12, position=at(10, "drift/1"))
-    assert outcomes == [Outcome.LATE]
-
-
-def test_a_producer_late_event_is_late_by_its_input_position_too():
-    state, _ = feed(None, 1, sequence=10, position=at(500))
-    state, _ = feed(state, 3, sequence=11, position=at(501))
-    state, outcomes = feed(state, 2, sequence=12, position=at(502))
-    assert outcomes == [Outcome.LATE]
+@pytest.mark.parametrize(
+    ("first", "third", "second", "outcome"),
+    [
+        # faust skipped d2's input record around a rebalance and read it again after d3's,
+        # so the keyed topic holds d3 first: only the input offsets show d2 was sent first.
+        pytest.param(at(500), at(502), at(501), Outcome.LAUNCH, id="re-read-by-the-intake"),
+        pytest.param(at(500), at(501), at(502), Outcome.LATE, id="sent-late-by-its-producer"),
+        # Two partitions have no order between them: event time decides.
+        pytest.param(at(500), at(502), at(10, "drift/1"), Outcome.LATE, id="other-partition"),
+    ],
+)
+def test_the_input_position_tells_an_event_read_again_from_one_sent_late(
+    first: InputPosition, third: InputPosition, second: InputPosition, outcome: Outcome
+):
+    assert alarm_2_delivered_last(first, third, second) == [outcome]
 
 
 def test_the_key_keeps_the_highest_position_per_input_partition():
