@@ -46,6 +46,7 @@ from handlers.codec import Headers, KafkaRecord, RecordInfo, decode_record
 from handlers.dead_letters import dead_letter_record
 from handlers.dedup import SEEN_TABLE, SeenEvents, seen_key
 from handlers.publishing import tls_context
+from handlers.seek_safe_consumer import use_seek_safe_consumer
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import InvalidEventError, TransientBackendError
 from orchestrator.events import CloudEvent
@@ -228,6 +229,7 @@ def build_intake(
         options["broker_credentials"] = credentials
     options.update(faust_options)
     app = faust.App(kafka.group_id, **options)
+    use_seek_safe_consumer(app)
 
     source = _raw_topic(app, *kafka.topics_in)
     keyed_name = f"{kafka.group_id}-tuneloop-keyed"

@@ -1,0 +1,160 @@
+"""faust's Kafka consumer, mended so that a record read around a seek is never skipped.
+
+`build_intake` installs it with `use_seek_safe_consumer(app)`. Pinned to the faust-streaming
+release in constraints.txt: it replaces faust's fetch loop and wraps its seek.
+
+What goes wrong without it (faust-streaming 0.15.3; seen in the restarted-worker test of
+tests/integration/test_intake.py once in 10 to 40 runs, more often on a loaded machine, and
+as launches lost without a decision in the kill -9 soak; docs/guarantees.md has the traces):
+
+1. When a worker (re)joins its group, faust's recovery resumes the input partitions, then
+   seeks them to their committed offsets, then resumes flow control. The fetcher is already
+   running by then, so records can reach a stream's queue before the seek or between the seek
+   and the resume. Resuming flow control empties every stream queue, and those records are
+   gone: nothing reads them again, because the consumer's read position is past them.
+2. faust's fetch loop sets its "read up to" offset after handing a record over, even when the
+   hand-over was cut short by a flow stop, and even when a seek happened meanwhile. A seek's
+   reset of that offset is then overwritten, and the records after the seek position are
+   dropped as already read ("DROPPED MESSAGE ROFF" in faust's developer log).
+3. faust commits past one unacknowledged record at the head of a partition (it allows one
+   offset for a transaction marker), so a record lost by 1 or 2 is also committed as done,
+   and a restart does not bring it back.
+
+The mend, in two parts:
+
+- `perform_seek` stops the consumer's flow before it seeks. Every caller in faust resumes the
+  flow itself, after flow control (which empties the queues), so nothing is handed to a stream
+  between the seek and the point where the queues are known empty.
+- The fetch loop (faust's own, otherwise unchanged) counts seeks. It stops handing over a
+  batch when a seek happened since the batch was fetched (the records may be from before it,
+  and the read offset is the seek's now, which the gap check would misread), or when a
+  hand-over was cut short; such a record does not move the read offset. It then seeks to the
+  committed offsets once more, because it cannot tell whether the fetch that returned the
+  batch ran before the seek (the records come again anyway) or after it (they would not).
+
+A record read twice is at-least-once delivery, which the intake already absorbs: the seen-set
+skips the second copy (see docs/guarantees.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any, cast
+
+import faust
+from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from mode import Service
+
+YIELD_EVERY = 100
+"""Records handed over between two forced returns to the event loop (as faust does)."""
+
+
+def use_seek_safe_consumer(app: faust.App) -> None:
+    """Make *app* build its Kafka consumer from `SeekSafeConsumer` (before the app starts)."""
+    transport = cast(Any, app.transport)
+    if not issubclass(SeekSafeConsumer, transport.Consumer):
+        raise TypeError(
+            f"the seek-safe consumer mends faust's aiokafka consumer; this app's transport "
+            f"uses {transport.Consumer!r}"
+        )
+    transport.Consumer = SeekSafeConsumer
+
+
+class SeekSafeConsumer(AIOKafkaConsumer):
+    """faust's aiokafka consumer that never skips a record around a seek (module docstring)."""
+
+    seeks: int = 0
+    """How many times the consumer seeked its stream partitions to their committed offsets."""
+
+    async def perform_seek(self) -> None:
+        # Stop handing records over first: faust's callers resume the flow only after flow
+        # control has emptied the stream queues, so no record slips into a queue in between.
+        self.stop_flow()
+        self.seeks += 1
+        await super().perform_seek()
+
+    async def _drain_messages(self, fetcher: Any) -> None:
+        # faust 0.15.3's Consumer._drain_messages, split in three; the changes are marked
+        # "mended" in _hand_over_batch and _hand_over.
+        consumer_should_stop = cast(Service, self)._stopped.is_set
+        fetcher_should_stop = cast(Service, fetcher)._stopped.is_set
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                self.diag.set_flag(CONSUMER_FETCHING)
+                seeks_before = self.seeks
+                batch = cast(AsyncGenerator[tuple[Any, Any], None], self.getmany(timeout=1.0))
+                # faust: getmany can return at once, again and again; let others run
+                await self.sleep(0)
+                if not self.should_stop:
+                    await self._hand_over_batch(batch, seeks_before)
+                self.diag.unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                self.log.info("Broker stopped consumer, shutting down...")
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                self.log.info("Consumer shutting down for user cancel.")
+                return
+            raise
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
+            raise
+        finally:
+            self.diag.unset_flag(CONSUMER_FETCHING)
+
+    async def _hand_over_batch(
+        self, batch: AsyncGenerator[tuple[Any, Any], None], seeks_before: int
+    ) -> None:
+        abandoned = False
+        since_yield = 0
+        try:
+            async for tp, message in batch:
+                since_yield += 1
+                if since_yield > YIELD_EVERY:
+                    await asyncio.sleep(0)
+                    since_yield = 0
+                # mended: checked before the gap check, which would otherwise compare this
+                # record with the read offset a seek has just reset
+                if self.seeks != seeks_before or not await self._hand_over(
+                    tp, message, seeks_before
+                ):
+                    abandoned = True
+                    break
+        finally:
+            await batch.aclose()
+        if abandoned and not self.should_stop:
+            await self._read_again_from_committed()
+
+    async def _read_again_from_committed(self) -> None:
+        """Seek to the committed offsets without touching the flow (faust's own seek)."""
+        self.seeks += 1
+        try:
+            await super().perform_seek()
+        except Exception as exc:  # e.g. nothing assigned mid-rebalance, whose recovery seeks
+            self.log.warning("Seek back to committed offsets failed: %r", exc)
+
+    async def _hand_over(self, tp: Any, message: Any, seeks_before: int) -> bool:
+        """Give *message* to the streams; False: stop this batch, it is to be read again."""
+        offset = message.offset
+        read = self._read_offset[tp]
+        if read is not None and offset < read:
+            self.log.dev("DROPPED MESSAGE ROFF %r: k=%r v=%r", offset, message.key, message.value)
+            return True
+        if read and offset - read > 1 and self.app.topics.acks_enabled_for(message.topic):
+            # offsets with no record (transaction markers, compaction) count as done
+            await self._add_gap(tp, read + 1, offset)
+        if self._commit_every is not None and self._n_acked >= self._commit_every:
+            self._n_acked = 0
+            await self.commit()
+        handing_over = self.callback(message)
+        outcome = await self.wait_first(handing_over, self.suspend_flow.wait())
+        if handing_over not in outcome.done or self.seeks != seeks_before:
+            # mended: faust counted the record as read even when a flow stop cut the hand-over
+            # short, or a seek happened meanwhile, overwriting the seek's read offset
+            return False
+        self._read_offset[tp] = offset
+        return True

@@ -1,0 +1,137 @@
+"""The mended faust consumer's hand-over rules, on a real faust consumer object without a broker.
+
+The race these rules close needs a rebalance at the wrong moment, so the real-broker guard
+(tests/integration/test_intake.py, the restarted-worker test) catches it only now and then;
+here each rule is driven directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import faust
+import pytest
+from faust.types import TP
+
+from handlers.seek_safe_consumer import SeekSafeConsumer, use_seek_safe_consumer
+
+PARTITION = TP("in", 0)
+COMMITTED = 5
+
+
+@pytest.fixture
+async def consumer() -> Any:
+    app = faust.App("seek-safe-test", broker="kafka://127.0.0.1:1", web_enabled=False)
+    use_seek_safe_consumer(app)
+    made = app.consumer
+
+    async def seek_to_committed() -> dict[TP, int]:
+        return {PARTITION: COMMITTED}
+
+    made.seek_to_committed = seek_to_committed
+    return made
+
+
+def record(offset: int) -> Any:
+    return SimpleNamespace(topic=PARTITION.topic, offset=offset, key=None, value=b"{}")
+
+
+def test_an_app_builds_its_consumer_from_the_mended_class(consumer) -> None:
+    assert isinstance(consumer, SeekSafeConsumer)
+
+
+async def test_a_handed_over_record_counts_as_read(consumer) -> None:
+    handed: list[int] = []
+
+    async def take(message: Any) -> None:
+        handed.append(message.offset)
+
+    consumer.callback = take
+    assert await consumer._hand_over(PARTITION, record(7), consumer.seeks)
+    assert handed == [7]
+    assert consumer._read_offset[PARTITION] == 7
+
+
+async def test_a_hand_over_cut_short_by_a_flow_stop_leaves_the_record_unread(consumer) -> None:
+    async def stuck(message: Any) -> None:
+        await asyncio.Event().wait()
+
+    consumer.callback = stuck
+    consumer._read_offset[PARTITION] = 6
+    handing_over = asyncio.ensure_future(consumer._hand_over(PARTITION, record(7), consumer.seeks))
+    await asyncio.sleep(0.01)
+    consumer.stop_flow()
+    assert await handing_over is False
+    assert consumer._read_offset[PARTITION] == 6
+
+
+async def test_a_seek_during_a_hand_over_keeps_the_seeks_read_offset(consumer) -> None:
+    async def take_while_seeking(message: Any) -> None:
+        await consumer.perform_seek()
+
+    consumer.callback = take_while_seeking
+    seeks_before = consumer.seeks
+    assert await consumer._hand_over(PARTITION, record(9), seeks_before) is False
+    assert consumer._read_offset[PARTITION] == COMMITTED
+
+
+async def test_a_seek_stops_the_flow_until_the_caller_resumes_it(consumer) -> None:
+    await consumer.perform_seek()
+    assert consumer.seeks == 1
+    assert not consumer.flow_active
+    assert consumer._read_offset[PARTITION] == COMMITTED
+    consumer.resume_flow()
+    assert consumer.flow_active
+
+
+async def test_a_batch_that_spans_a_seek_is_read_again_from_the_committed_offsets(
+    consumer,
+) -> None:
+    handed: list[int] = []
+
+    async def take(message: Any) -> None:
+        handed.append(message.offset)
+        if message.offset == 11:
+            await consumer.perform_seek()
+
+    async def batch() -> Any:
+        for offset in (10, 11, 12, 13):
+            yield PARTITION, record(offset)
+
+    consumer.callback = take
+    await consumer._hand_over_batch(batch(), consumer.seeks)
+    assert handed == [10, 11]
+    assert consumer.seeks == 2  # the seek in the middle, then the batch's own seek back
+    assert consumer._read_offset[PARTITION] == COMMITTED
+
+
+async def test_a_batch_cut_short_by_a_flow_stop_is_read_again_from_the_committed_offsets(
+    consumer,
+) -> None:
+    async def stop_at_11(message: Any) -> None:
+        if message.offset == 11:
+            consumer.stop_flow()
+            await asyncio.Event().wait()
+
+    async def batch() -> Any:
+        for offset in (10, 11, 12):
+            yield PARTITION, record(offset)
+
+    consumer.callback = stop_at_11
+    await consumer._hand_over_batch(batch(), consumer.seeks)
+    assert consumer.seeks == 1
+    assert consumer._read_offset[PARTITION] == COMMITTED
+
+
+async def test_a_record_behind_the_read_offset_is_not_handed_over_again(consumer) -> None:
+    handed: list[int] = []
+
+    async def take(message: Any) -> None:
+        handed.append(message.offset)
+
+    consumer.callback = take
+    consumer._read_offset[PARTITION] = 8
+    assert await consumer._hand_over(PARTITION, record(7), consumer.seeks)
+    assert handed == []
