@@ -200,6 +200,19 @@ def test_apiserver_disables_the_admission_plugins_that_need_core_objects(certifi
 # --- the cache ------------------------------------------------------------------------------
 
 
+def test_local_servers_trade_heap_for_cpu_unless_the_operator_set_gogc(monkeypatch):
+    monkeypatch.delenv("GOGC", raising=False)
+    assert local_kubernetes.server_environment()["GOGC"] == local_kubernetes.GO_GC_PERCENT
+
+    monkeypatch.setenv("GOGC", "100")
+    assert local_kubernetes.server_environment()["GOGC"] == "100"
+
+
+def test_local_servers_inherit_the_rest_of_the_environment(monkeypatch):
+    monkeypatch.setenv("TUNELOOP_SOMETHING", "kept")
+    assert local_kubernetes.server_environment()["TUNELOOP_SOMETHING"] == "kept"
+
+
 def test_cache_root_honours_tuneloop_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TUNELOOP_CACHE", str(tmp_path))
 
