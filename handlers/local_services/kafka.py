@@ -469,6 +469,12 @@ class LocalKafka:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The broker JVM's process id while it runs (the benchmark reads its CPU time)."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    @property
     def log_path(self) -> Path:
         """The broker's stdout and stderr, appended across restarts."""
         return self.work_dir / "broker.log"
