@@ -16,7 +16,7 @@ help:
 venv:
 	@scripts/bootstrap-python
 
-# Kafka jars (Maven) and the Kubernetes API server + etcd (Go), built into the cache once.
+# Kafka jars (Maven), the Kubernetes API server + etcd and helm (Go), built into the cache once.
 services: venv
 	$(PY) -m handlers.local_services prepare
 

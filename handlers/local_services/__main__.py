@@ -1,23 +1,30 @@
-"""`python -m handlers.local_services prepare [kafka] [kubernetes]`: resolve Kafka's jars and
-build the Kubernetes API server and etcd once, into ~/.cache/tuneloop.
+"""`python -m handlers.local_services prepare [kafka] [kubernetes] [helm]`: resolve Kafka's
+jars, build the Kubernetes API server and etcd, and helm for the chart's tests, once, into
+~/.cache/tuneloop.
 
-With no name, both (`make services`); `make demo` needs only Kafka.
+With no name, all three (`make services`); `make demo` needs only Kafka.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from handlers.local_services import kafka, kubernetes
 
-PREPARERS = {"kafka": kafka.prepare, "kubernetes": kubernetes.prepare}
+PREPARERS: dict[str, Callable[[], None]] = {
+    "kafka": kafka.prepare,
+    "kubernetes": kubernetes.prepare,
+    "helm": kubernetes.prepare_helm,
+}
 
 
 def main(argv: list[str]) -> int:
     names = argv[1:] or list(PREPARERS)
     if argv[:1] != ["prepare"] or any(name not in PREPARERS for name in names):
         print(
-            "usage: python -m handlers.local_services prepare [kafka] [kubernetes]", file=sys.stderr
+            "usage: python -m handlers.local_services prepare [kafka] [kubernetes] [helm]",
+            file=sys.stderr,
         )
         return 2
     for name in names:

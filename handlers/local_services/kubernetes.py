@@ -47,6 +47,9 @@ from orchestrator.errors import ConfigError
 
 APISERVER_MODULE = "k8s.io/apiextensions-apiserver"
 APISERVER_VERSION = "v0.37.2"
+HELM_MODULE = "helm.sh/helm/v4/cmd/helm"
+HELM_VERSION = "v4.3.2"
+"""Helm renders and lints `deploy/helm/tuneloop` in its tests; nothing at run time needs it."""
 """Kubernetes 1.37.2's apiextensions-apiserver; it uses the etcd v3.7 client, so etcd is 3.7."""
 
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
@@ -169,7 +172,8 @@ def _write_stamp(binary: Path, stamp: str) -> None:
 
 
 def _built_module_version(binary: Path, env: Mapping[str, str]) -> str | None:
-    """`path@version` of a Go binary's main module, from its embedded build info."""
+    """`package@version` of a Go binary: its main package and its module's version, from its
+    embedded build info (as `go install package@version` names it)."""
     go = shutil.which("go", path=env.get("PATH"))
     if go is None or not binary.is_file():
         return None
@@ -180,10 +184,13 @@ def _built_module_version(binary: Path, env: Mapping[str, str]) -> str | None:
         text=True,
         check=False,
     )
+    package = None
     for line in shown.stdout.splitlines():
         parts = line.split()
+        if len(parts) >= 2 and parts[0] == "path":
+            package = parts[1]
         if len(parts) >= 3 and parts[0] == "mod":
-            return f"{parts[1]}@{parts[2]}"
+            return f"{package or parts[1]}@{parts[2]}"
     return None
 
 
@@ -196,28 +203,41 @@ def _etcd_stamp() -> str:
 
 def build_apiserver(cache: Path) -> Path:
     """`go install` apiextensions-apiserver into *cache*/bin, unless that version is there."""
+    return _go_install(
+        cache, APISERVER_MODULE, APISERVER_VERSION, "apiextensions-apiserver", cold="8 min"
+    )
+
+
+def build_helm(cache: Path | None = None) -> Path:
+    """`go install` helm into *cache*/bin for the chart's tests, unless that version is there."""
+    cache = cache or cache_root()
+    return _go_install(cache, HELM_MODULE, HELM_VERSION, "helm", cold="4 min")
+
+
+def _go_install(cache: Path, module: str, version: str, name: str, *, cold: str) -> Path:
+    """`go install module@version` into *cache*/bin/*name*, unless that version is there."""
     env = go_environment(cache)
-    binary = cache / "bin" / "apiextensions-apiserver"
-    stamp = f"{APISERVER_MODULE}@{APISERVER_VERSION}"
+    binary = cache / "bin" / name
+    stamp = f"{module}@{version}"
     if _stamp_matches(binary, stamp):
         return binary
     if _built_module_version(binary, env) == stamp:
         # Built by hand (or by an older prepare) with the same version: adopt it.
         _write_stamp(binary, stamp)
         return binary
-    _progress(f"building {stamp} (cold: about 8 min on 2 cores, then cached)")
+    _progress(f"building {stamp} (cold: about {cold} on 2 cores, then cached)")
     binary.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=binary.parent, prefix=".apiserver-build-") as staging:
+    with tempfile.TemporaryDirectory(dir=binary.parent, prefix=f".{name}-build-") as staging:
         env["GOBIN"] = staging
         _run_go(
             ["install", "-trimpath", "-ldflags=-s -w", stamp],
             env=env,
             cwd=cache,
-            log=cache / "logs" / "build-apiextensions-apiserver.log",
+            log=cache / "logs" / f"build-{name}.log",
             what=stamp,
         )
         # Rename into place so that a half-written binary is never taken for a built one.
-        os.replace(Path(staging) / "apiextensions-apiserver", binary)
+        os.replace(Path(staging) / Path(module).name, binary)
     _write_stamp(binary, stamp)
     return binary
 
@@ -342,6 +362,11 @@ def prepare() -> None:
     """Entry point of `python -m handlers.local_services prepare`."""
     paths = prepare_kubernetes()
     _progress(f"ready: {paths.apiserver}, {paths.etcd}; Trainer CRDs from {paths.manifest_source}")
+
+
+def prepare_helm() -> None:
+    """Entry point of `python -m handlers.local_services prepare helm`."""
+    _progress(f"ready: {build_helm()}")
 
 
 # --------------------------------------------------------------------------------------------

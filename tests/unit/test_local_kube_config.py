@@ -248,6 +248,25 @@ def test_etcd_with_a_stale_stamp_is_rebuilt_and_a_missing_go_is_named(monkeypatc
         local_kubernetes.build_etcd(tmp_path)
 
 
+def test_helm_with_a_matching_version_stamp_is_not_rebuilt(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", "")
+    (tmp_path / "bin").mkdir()
+    binary = tmp_path / "bin" / "helm"
+    binary.write_bytes(b"built before")
+    stamp = f"{local_kubernetes.HELM_MODULE}@{local_kubernetes.HELM_VERSION}"
+    (tmp_path / "bin" / "helm.stamp").write_text(stamp + "\n")
+
+    assert local_kubernetes.build_helm(tmp_path) == binary
+    assert binary.read_bytes() == b"built before"
+
+
+def test_a_missing_helm_is_built_and_a_missing_go_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", "")
+
+    with pytest.raises(local_kubernetes.KubernetesUnavailableError, match="no `go` on PATH"):
+        local_kubernetes.build_helm(tmp_path)
+
+
 def test_trainer_manifests_fall_back_to_the_reference_copy_without_go(monkeypatch, tmp_path):
     if not (local_kubernetes.REFERENCE_DIR / "v2.3.0").is_dir():
         # CI lays shared/ beside the clone, so there a missing copy is a failure; a developer

@@ -10,9 +10,9 @@ objects are checked here instead:
 3. the RBAC grants exactly `runtimes.kubernetes.backend.RBAC_RULES`, and secrets are only
    referenced, never rendered.
 
-helm is found as `$TUNELOOP_HELM`, on PATH, or in `$TUNELOOP_CACHE/bin` (build it there with
-`GOBIN=$HOME/.cache/tuneloop/bin go install helm.sh/helm/v4/cmd/helm@v4.3.2`, ~10 min cold on
-2 cores); without it these tests skip and say so.
+helm is found as `$TUNELOOP_HELM`, on PATH, or in `$TUNELOOP_CACHE/bin`, where `make services`
+(`python -m handlers.local_services prepare helm`) builds it: about 4 min cold on 2 cores, then
+cached. Without it these tests skip and say so.
 """
 
 from __future__ import annotations
@@ -64,8 +64,7 @@ def find_helm() -> str | None:
 HELM = find_helm()
 pytestmark = pytest.mark.skipif(
     HELM is None,
-    reason="helm not found; build it: GOBIN=$HOME/.cache/tuneloop/bin "
-    "go install helm.sh/helm/v4/cmd/helm@v4.3.2",
+    reason="helm not found; build it: python -m handlers.local_services prepare helm",
 )
 
 
