@@ -82,8 +82,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 class _CpuMeter:
-    """CPU seconds spent between `start` and `stop`: by each named process and by the whole
+    """CPU seconds spent between `started` and `stop`: by each named process and by the whole
     machine, read from /proc (Linux). Everything in these runs shares the machine's cores, so
     a missed latency goal reads differently when the machine was busy the whole time."""
 
@@ -113,12 +116,13 @@ class _CpuMeter:
 
     @classmethod
     def started(cls, pids: dict[str, int]) -> _CpuMeter:
+        """A meter counting from now."""
         meter = cls(pids)
         meter._began = meter._read() if Path("/proc/stat").exists() else None
         return meter
 
     def stop(self) -> CpuUse | None:
-        """The CPU used since `start`, or None where /proc cannot be read."""
+        """The CPU used since `started`, or None where /proc cannot be read."""
         if self._began is None:
             return None
         (processes, (busy, total)), (then, (busy0, total0)) = self._read(), self._began
@@ -140,9 +144,6 @@ class CpuUse:
 
     def per_event_ms(self, events: int) -> dict[str, float]:
         return {name: 1e3 * used / events for name, used in self.by_process.items()}
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _create_topics(bootstrap: str, names: dict[str, int]) -> None:
