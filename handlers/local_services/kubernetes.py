@@ -47,10 +47,11 @@ from orchestrator.errors import ConfigError
 
 APISERVER_MODULE = "k8s.io/apiextensions-apiserver"
 APISERVER_VERSION = "v0.37.2"
-HELM_MODULE = "helm.sh/helm/v4/cmd/helm"
+"""Kubernetes 1.37.2's apiextensions-apiserver; it uses the etcd v3.7 client, so etcd is 3.7."""
+
+HELM_PACKAGE = "helm.sh/helm/v4/cmd/helm"
 HELM_VERSION = "v4.3.2"
 """Helm renders and lints `deploy/helm/tuneloop` in its tests; nothing at run time needs it."""
-"""Kubernetes 1.37.2's apiextensions-apiserver; it uses the etcd v3.7 client, so etcd is 3.7."""
 
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 TRAINER_VERSION = "v2.3.0"
@@ -211,14 +212,14 @@ def build_apiserver(cache: Path) -> Path:
 def build_helm(cache: Path | None = None) -> Path:
     """`go install` helm into *cache*/bin for the chart's tests, unless that version is there."""
     cache = cache or cache_root()
-    return _go_install(cache, HELM_MODULE, HELM_VERSION, "helm", cold="4 min")
+    return _go_install(cache, HELM_PACKAGE, HELM_VERSION, "helm", cold="4 min")
 
 
-def _go_install(cache: Path, module: str, version: str, name: str, *, cold: str) -> Path:
-    """`go install module@version` into *cache*/bin/*name*, unless that version is there."""
+def _go_install(cache: Path, package: str, version: str, name: str, *, cold: str) -> Path:
+    """`go install package@version` into *cache*/bin/*name*, unless that version is there."""
     env = go_environment(cache)
     binary = cache / "bin" / name
-    stamp = f"{module}@{version}"
+    stamp = f"{package}@{version}"
     if _stamp_matches(binary, stamp):
         return binary
     if _built_module_version(binary, env) == stamp:
@@ -237,7 +238,7 @@ def _go_install(cache: Path, module: str, version: str, name: str, *, cold: str)
             what=stamp,
         )
         # Rename into place so that a half-written binary is never taken for a built one.
-        os.replace(Path(staging) / Path(module).name, binary)
+        os.replace(Path(staging) / Path(package).name, binary)
     _write_stamp(binary, stamp)
     return binary
 

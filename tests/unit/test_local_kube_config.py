@@ -253,7 +253,7 @@ def test_helm_with_a_matching_version_stamp_is_not_rebuilt(monkeypatch, tmp_path
     (tmp_path / "bin").mkdir()
     binary = tmp_path / "bin" / "helm"
     binary.write_bytes(b"built before")
-    stamp = f"{local_kubernetes.HELM_MODULE}@{local_kubernetes.HELM_VERSION}"
+    stamp = f"{local_kubernetes.HELM_PACKAGE}@{local_kubernetes.HELM_VERSION}"
     (tmp_path / "bin" / "helm.stamp").write_text(stamp + "\n")
 
     assert local_kubernetes.build_helm(tmp_path) == binary
