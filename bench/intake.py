@@ -248,7 +248,7 @@ async def _measure(bootstrap: str, count: int) -> list[dict[str, object]]:
 
 def run(*, quick: bool) -> list[dict[str, object]]:
     """Measure on the test broker; N = 3,000 quick, 20,000 full."""
-    from handlers.local_services.kafka import kafka_for_tests
+    from devservices.kafka import kafka_for_tests
 
     # One log line per event would measure the terminal, not the intake.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

@@ -91,7 +91,7 @@ def run(*, quick: bool) -> list[dict[str, object]]:
     import structlog
     from kubernetes import client
 
-    from handlers.local_services import kubernetes as local_kubernetes
+    from devservices import kubernetes as local_kubernetes
 
     count, rounds, rate = (40, 2, 10.0) if quick else (150, 3, 10.0)
     interval = 1.0 / rate

@@ -36,7 +36,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from handlers.codec import KafkaRecord, decode_record, encode_event
-from handlers.local_services.kafka import kafka_for_tests
+from devservices.kafka import kafka_for_tests
 from orchestrator.events import CloudEvent
 
 REPO = Path(__file__).resolve().parent.parent

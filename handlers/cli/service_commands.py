@@ -1,6 +1,6 @@
 """`tuneloop services up`: real Kafka and a real Kubernetes API on 127.0.0.1, for development.
 
-The same launchers the tests and `tuneloop demo` use (`handlers/local_services/`). It prints
+The same launchers the tests and `tuneloop demo` use (`devservices/`). It prints
 the environment a worker needs to reach them, then holds them until Ctrl-C.
 """
 
@@ -32,8 +32,8 @@ def up(
     ] = None,
 ) -> None:
     """Start the local services and keep them up until interrupted."""
-    from handlers.local_services import kafka as kafka_service
-    from handlers.local_services import kubernetes as kube_service
+    from devservices import kafka as kafka_service
+    from devservices import kubernetes as kube_service
     from orchestrator.errors import ConfigError
 
     root = work_dir or Path(tempfile.mkdtemp(prefix="tuneloop-services-"))

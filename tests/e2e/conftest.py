@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.local_services.kubernetes import KubeEndpoint
+from devservices.kubernetes import KubeEndpoint
 from tests.e2e.harness import (
     FAULT_RULES,
     FaultEnv,

@@ -52,7 +52,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from handlers.codec import KafkaRecord, decode_record, encode_event, envelope_of
-from handlers.local_services.kubernetes import KubeEndpoint
+from devservices.kubernetes import KubeEndpoint
 from orchestrator.events import CloudEvent
 from runtimes.kubernetes.catalog import GROUP as TRAINER_GROUP
 from runtimes.kubernetes.catalog import VERSION as TRAINER_VERSION

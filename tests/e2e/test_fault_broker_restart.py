@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from handlers.local_services.kafka import LocalKafka
+from devservices.kafka import LocalKafka
 from tests.e2e.harness import FaultEnv, StreamPlan, Summary, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kubernetes, pytest.mark.slow]

@@ -15,7 +15,7 @@ import pytest
 from faust.contrib.asgi import faust_app_running
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from handlers.local_services.kafka import BrokerKind, LocalKafka, kafka_for_tests
+from devservices.kafka import BrokerKind, LocalKafka, kafka_for_tests
 from tests.fixtures.kafka import TopicFactory
 
 pytestmark = pytest.mark.kafka

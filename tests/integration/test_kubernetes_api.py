@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
-from handlers.local_services.kubernetes import (
+from devservices.kubernetes import (
     TORCH_DISTRIBUTED_RUNTIME,
     TRAINER_API_VERSION,
     TRAINER_GROUP,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from handlers.local_services import kafka
-from handlers.local_services.kafka import (
+from devservices import kafka
+from devservices.kafka import (
     KafkaUnavailableError,
     LocalKafka,
     broker_command,

@@ -18,8 +18,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from handlers.local_services import kubernetes as local_kubernetes
-from handlers.local_services.kubernetes import (
+from devservices import kubernetes as local_kubernetes
+from devservices.kubernetes import (
     Certificates,
     Ports,
     make_certificates,

@@ -1,5 +1,5 @@
 // Command etcd is the etcd server, built from the Go module proxy for tuneloop's local
-// Kubernetes API (handlers/local_services/kubernetes.py builds it into ~/.cache/tuneloop/bin).
+// Kubernetes API (devservices/kubernetes.py builds it into ~/.cache/tuneloop/bin).
 //
 // `go install go.etcd.io/etcd/server/v3@...` cannot be used: etcd's server/go.mod carries
 // replace directives pointing at sibling directories, which go install refuses. This wrapper

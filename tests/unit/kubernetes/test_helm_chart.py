@@ -11,7 +11,7 @@ objects are checked here instead:
    referenced, never rendered.
 
 helm is found as `$TUNELOOP_HELM`, on PATH, or in `$TUNELOOP_CACHE/bin`, where `make services`
-(`python -m handlers.local_services prepare helm`) builds it: about 4 min cold on 2 cores, then
+(`python -m devservices prepare helm`) builds it: about 4 min cold on 2 cores, then
 cached. Without it these tests skip and say so.
 """
 
@@ -64,7 +64,7 @@ def find_helm() -> str | None:
 HELM = find_helm()
 pytestmark = pytest.mark.skipif(
     HELM is None,
-    reason="helm not found; build it: python -m handlers.local_services prepare helm",
+    reason="helm not found; build it: python -m devservices prepare helm",
 )
 
 

@@ -1,6 +1,6 @@
 """A real Kubernetes API with the Kubeflow Trainer CRDs, on 127.0.0.1, for tests and the demo.
 
-Who calls it: `python -m handlers.local_services prepare` (via `prepare()`), the pytest plugin
+Who calls it: `python -m devservices prepare` (via `prepare()`), the pytest plugin
 `tests/fixtures/kubernetes.py` and the demo (via `connect()`).
 
 What it runs: `apiextensions-apiserver` (k8s.io/apiextensions-apiserver, the API server that
@@ -360,13 +360,13 @@ def installed_paths(cache: Path | None = None) -> Paths | None:
 
 
 def prepare() -> None:
-    """Entry point of `python -m handlers.local_services prepare`."""
+    """Entry point of `python -m devservices prepare`."""
     paths = prepare_kubernetes()
     _progress(f"ready: {paths.apiserver}, {paths.etcd}; Trainer CRDs from {paths.manifest_source}")
 
 
 def prepare_helm() -> None:
-    """Entry point of `python -m handlers.local_services prepare helm`."""
+    """Entry point of `python -m devservices prepare helm`."""
     _progress(f"ready: {build_helm()}")
 
 
@@ -1092,7 +1092,7 @@ def connect(workdir: Path) -> Iterator[KubeEndpoint]:
     if paths is None:
         raise KubernetesUnavailableError(
             f"apiextensions-apiserver/etcd are not built in {cache_root() / 'bin'}: "
-            "run `make services` (or `python -m handlers.local_services prepare`)"
+            "run `make services` (or `python -m devservices prepare`)"
         )
     with LocalKubeAPI(paths, workdir) as server:
         yield KubeEndpoint(kubeconfig=server.kubeconfig, source="local", server=server)

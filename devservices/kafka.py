@@ -1,7 +1,7 @@
 """A real Apache Kafka broker on 127.0.0.1, from jars Maven resolves: no Docker, no tarball.
 
 Who calls it:
-- `python -m handlers.local_services prepare` (`make services`) calls `prepare()` once, so
+- `python -m devservices prepare` (`make services`) calls `prepare()` once, so
   that the jars are in the cache before the tests or the demo need them;
 - `tests/fixtures/kafka.py`, the demo (`handlers/demo.py`) and `bench/` call
   `kafka_for_tests()`, which picks an external cluster, a testcontainers broker or a
@@ -282,7 +282,7 @@ def prepare_kafka(version: str | None = None, *, timeout: float = 900.0) -> Path
 
 
 def prepare() -> None:
-    """`python -m handlers.local_services prepare`: resolve the broker's jars into the cache."""
+    """`python -m devservices prepare`: resolve the broker's jars into the cache."""
     libs = prepare_kafka()
     broker = LocalKafka(libs=libs, work_dir=Path(tempfile.mkdtemp(prefix="tuneloop-kafka-")))
     if not broker.class_archive_path.is_file():
@@ -319,7 +319,7 @@ def render_server_properties(
     """
     major, _, _ = parse_kafka_version(version)
     lines = [
-        "# written by tuneloop (handlers/local_services/kafka.py); one node, loopback only",
+        "# written by tuneloop (devservices/kafka.py); one node, loopback only",
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
@@ -879,7 +879,7 @@ def resolve_bootstrap() -> str | None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -m handlers.local_services.kafka prepare|run`.
+    """`python -m devservices.kafka prepare|run`.
 
     `run` keeps a broker up until Ctrl-C or SIGTERM, so that repeated test runs can share it
     through `TUNELOOP_KAFKA_BOOTSTRAP` instead of starting one each.
@@ -888,7 +888,7 @@ def main(argv: Sequence[str]) -> int:
         prepare()
         return 0
     if list(argv) != ["run"]:
-        print("usage: python -m handlers.local_services.kafka prepare|run", file=sys.stderr)
+        print("usage: python -m devservices.kafka prepare|run", file=sys.stderr)
         return 2
     libs = prepare_kafka()
     work_dir = Path(tempfile.mkdtemp(prefix="tuneloop-kafka-"))

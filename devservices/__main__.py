@@ -1,4 +1,4 @@
-"""`python -m handlers.local_services prepare [kafka] [kubernetes] [helm]`: resolve Kafka's
+"""`python -m devservices prepare [kafka] [kubernetes] [helm]`: resolve Kafka's
 jars, build the Kubernetes API server and etcd, and helm for the chart's tests, once, into
 ~/.cache/tuneloop.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from handlers.local_services import kafka, kubernetes
+from devservices import kafka, kubernetes
 
 PREPARERS: dict[str, Callable[[], None]] = {
     "kafka": kafka.prepare,
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     names = argv[1:] or list(PREPARERS)
     if argv[:1] != ["prepare"] or any(name not in PREPARERS for name in names):
         print(
-            "usage: python -m handlers.local_services prepare [kafka] [kubernetes] [helm]",
+            "usage: python -m devservices prepare [kafka] [kubernetes] [helm]",
             file=sys.stderr,
         )
         return 2
