@@ -61,7 +61,7 @@ MINIMUM_KAFKA_VERSION = (3, 5)
 """KRaft without ZooKeeper is production-ready from 3.5; older releases are refused."""
 
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
-POM_PATH = Path(__file__).resolve().parents[2] / "deploy" / "local" / "kafka" / "pom.xml"
+POM_PATH = Path(__file__).resolve().parents[1] / "deploy" / "local" / "kafka" / "pom.xml"
 CONTAINER_IMAGE = "confluentinc/cp-kafka:7.9.0"
 """Kafka 3.9 in Confluent's image, which testcontainers' KafkaContainer drives (KRaft mode)."""
 STARTED_MESSAGE = b"Kafka Server started"

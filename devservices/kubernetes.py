@@ -65,7 +65,7 @@ TRAINER_CRD_NAMES = (
 TORCH_DISTRIBUTED_RUNTIME = "torch-distributed"
 
 ETCD_PREFIX = "/tuneloop"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 ETCD_WRAPPER_DIR = REPO_ROOT / "deploy" / "local" / "etcd"
 # CI runs in a fresh clone with `shared/` beside it, so this is relative to the repository.
 REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference" / "kubeflow-trainer"
