@@ -8,7 +8,7 @@ export TUNELOOP_CACHE ?= $(HOME)/.cache/tuneloop
 
 help:
 	@echo "make demo    run the whole loop on this machine (Kafka, rules, a LoRA fine-tune, the completion event)"
-	@echo "make test    install what the tests need, start the real services, run the suite"
+	@echo "make test    make check, install what the tests need, start the real services, run the suite"
 	@echo "make check   ruff, mypy --strict, import-linter"
 	@echo "make bench   run the benchmarks and write docs/performance.md"
 	@echo "make soak    the long fault suites"
@@ -24,7 +24,9 @@ services: venv
 models: venv
 	$(PY) -m runtimes.models prepare
 
-test: venv services models
+# CI runs `make test` (.ci/run): the static checks gate it, so a lint, type or layer error
+# fails the run before the suite starts.
+test: venv services models check
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: venv

@@ -1,7 +1,7 @@
 """faust's Kafka consumer, mended so that a record read around a seek is never skipped.
 
 `build_intake` installs it with `use_seek_safe_consumer(app)`. Pinned to the faust-streaming
-release in constraints.txt: it replaces faust's fetch loop and wraps its seek.
+release `FAUST_RELEASE` (pyproject.toml): it replaces faust's fetch loop and wraps its seek.
 
 What goes wrong without it (faust-streaming 0.15.3; seen in the restarted-worker test of
 tests/integration/test_intake.py once in 10 to 40 runs, more often on a loaded machine, and
@@ -46,6 +46,12 @@ import faust
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from mode import Service
+
+FAUST_RELEASE = "0.15.3"
+"""The faust-streaming release whose fetch loop `_SeekSafeConsumer` copies and whose seek it
+wraps. pyproject.toml pins exactly this release, and tests/unit/test_faust_release.py fails
+on any other: a new faust may change the loop this module replaces, so a bump means reading
+faust's diff of `faust/transport/consumer.py` and mending this copy first."""
 
 YIELD_EVERY = 100
 """Records handed over between two forced returns to the event loop (as faust does)."""
