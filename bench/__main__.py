@@ -5,6 +5,10 @@ Each area's module (`bench/engine.py`, `bench/intake.py`, ...) exposes
 measured in the same run on the same machine, so the ratio is what to read; absolute numbers
 are context. A module that fails is reported as a failed row, and the others still run.
 
+Each row's `goal` is a comparison on its ratio or value (`bench/goals.py`); the `met` column
+(`bench/report.py`) says whether the measurement met it (yes / no), blank for context rows.
+A goal that cannot be checked fails the run, as a failed module does.
+
 Usage: python -m bench [--quick] [--only engine,intake] [--no-write]
 """
 
@@ -20,15 +24,10 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench import report
+
 AREAS = ("engine", "intake", "launch", "trainer", "endtoend", "footprint")
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
-COLUMNS = ("benchmark", "measure", "value", "unit", "baseline", "ratio", "goal", "notes")
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return "" if value is None else str(value).replace("|", "\\|")
 
 
 def _machine() -> str:
@@ -85,23 +84,18 @@ def main(argv: list[str]) -> int:
             rows.append({"benchmark": area, "measure": "FAILED", "notes": repr(exc)[:200]})
         print(f"bench: {area} done in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
-    header = "| " + " | ".join(COLUMNS) + " |"
-    rule = "|" + "|".join(" --- " for _ in COLUMNS) + "|"
-    lines = [header, rule] + [
-        "| " + " | ".join(_fmt(row.get(column)) for column in COLUMNS) + " |" for row in rows
-    ]
-    table = "\n".join(lines)
+    table, unreadable = report.table(rows)
+    failed += unreadable
     print(table)
     if not args.no_write:
+        date = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC{' (quick mode)' if args.quick else ''}"
         REPORT.write_text(
-            "# Performance\n\n"
-            "Written by `make bench` (`python -m bench`); do not edit by hand.\n"
-            "Every ratio compares two measurements taken in the same run on the same machine.\n\n"
-            f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
-            f"{' (quick mode)' if args.quick else ''}\n"
-            f"- machine: {_machine()}\n"
-            f"- versions: {_versions()}\n\n"
-            f"{table}\n"
+            report.page(
+                table,
+                date=date,
+                machine=_machine(),
+                versions=_versions(),
+            )
         )
         print(f"bench: wrote {REPORT}", file=sys.stderr)
     return 1 if failed else 0
