@@ -43,7 +43,7 @@ from orchestrator.jobs.completion import CompletionRecord
 from orchestrator.jobs.model import JobRef
 from orchestrator.jobs.persistence import record_from_json, record_to_json
 from orchestrator.jobs.tracking import Milestone
-from orchestrator.ports import TrainingBackend
+from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs, TrainingBackend
 from orchestrator.rules import engine, loading
 from orchestrator.rules.engine import KeyState, RuleSet
 from orchestrator.service import Orchestrator
@@ -349,8 +349,7 @@ def _run_alongside(
     async def remove_finished_jobs() -> None:
         # Kubeflow Trainer keeps finished TrainJobs forever; remove ours once their outcome
         # was announced (a job of another worker's partition reads as not announced: kept).
-        remove = getattr(backend, "remove_finished", None)
-        if remove is None:
+        if not isinstance(backend, RemovesFinishedJobs):
             return
 
         async def announced(job: str) -> bool:
@@ -359,7 +358,7 @@ def _run_alongside(
                 {Milestone.COMPLETED, Milestone.FAILED} & set(record.announced)
             )
 
-        removed = await remove(
+        removed = await backend.remove_finished(
             finished_before=clock.now() - FINISHED_JOB_RETENTION, announced=announced
         )
         if removed:
@@ -382,10 +381,9 @@ async def _audit_routing_errors(orchestrator: Orchestrator, event: CloudEvent) -
 async def _recover_key(backend: TrainingBackend, job: JobRef) -> str | None:
     """The rule key of a job this worker has no record of (launched before a restart, or by
     another worker), from what the backend stored with the job."""
-    context_of = getattr(backend, "context_of", None)
-    if context_of is None:
+    if not isinstance(backend, RecallsJobContext):
         return None
-    context = await context_of(job)
+    context = await backend.context_of(job)
     return context.key if context is not None and context.key else None
 
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
+from orchestrator.vocabulary.timestamps import format_rfc3339, parse_rfc3339
 
 DECISION_EVENT_TYPE = "io.tuneloop.decision.v1"
 DECISION_SOURCE = "/tuneloop/rules"
@@ -62,168 +64,41 @@ class Reason(enum.Enum):
     TEMPLATE_ERROR = "template-error"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DecisionRecord:
-    """One decision of one rule for one key; immutable (every field is a read-only property).
+    """One decision of one rule for one key."""
 
-    Written out rather than a frozen dataclass because the engine makes about three per event:
-    a frozen dataclass of this size costs several times the engine's whole budget per record
-    to construct (bench/engine.py). For the same reason `decision_id`, a hash of the record's
-    own fields, is computed on first read (publishing reads it) unless the constructor got one.
-    """
+    outcome: Outcome
+    reason: Reason | None
+    rule: str
+    rule_version: str
+    key: str
+    time: datetime
+    """Event time of the decision: the deciding event's time, or a timer's due time."""
+    event_ids: tuple[str, ...]
+    message: str = ""
+    job: TrainingRequest | None = None
+    """The resolved job, for `launch` (and for `suppress` with reason `shadow`)."""
+    job_name: str | None = None
+    """The job concerned: launched, cancelled or blocking."""
+    window_count: int | None = None
+    window_sum: float | None = None
+    decision_id: str = ""
+    """Deterministic id of the decision; left empty, it is derived from the fields above
+    (see the function `decision_id`), which is what the engine does."""
 
-    __slots__ = (
-        "_decision_id",
-        "_event_ids",
-        "_job",
-        "_job_name",
-        "_key",
-        "_message",
-        "_outcome",
-        "_reason",
-        "_rule",
-        "_rule_version",
-        "_time",
-        "_window_count",
-        "_window_sum",
-    )
-
-    def __init__(  # noqa: PLR0917 - one parameter per field, as the dataclass it replaces had
-        self,
-        decision_id: str | None,
-        outcome: Outcome,
-        reason: Reason | None,
-        rule: str,
-        rule_version: str,
-        key: str,
-        time: datetime,
-        event_ids: tuple[str, ...],
-        message: str | Callable[[], str] = "",
-        job: TrainingRequest | None = None,
-        job_name: str | None = None,
-        window_count: int | None = None,
-        window_sum: float | None = None,
-    ) -> None:
-        """*decision_id* None: derive it from the other fields (see `decision_id`).
-
-        *message* may be a function that writes it: called once, when it is first read.
-        """
-        self._decision_id = decision_id
-        self._outcome = outcome
-        self._reason = reason
-        self._rule = rule
-        self._rule_version = rule_version
-        self._key = key
-        self._time = time
-        self._event_ids = event_ids
-        self._message = message
-        self._job = job
-        self._job_name = job_name
-        self._window_count = window_count
-        self._window_sum = window_sum
-
-    @property
-    def decision_id(self) -> str:
-        """Deterministic id of the decision (see the function `decision_id`)."""
-        if self._decision_id is None:
-            self._decision_id = decision_id(
-                rule_version=self._rule_version,
-                key=self._key,
-                outcome=self._outcome,
-                reason=self._reason,
-                event_ids=self._event_ids,
-                time=self._time,
+    def __post_init__(self) -> None:
+        if not self.decision_id:
+            derived = decision_id(
+                rule_version=self.rule_version,
+                key=self.key,
+                outcome=self.outcome,
+                reason=self.reason,
+                event_ids=self.event_ids,
+                time=self.time,
             )
-        return self._decision_id
-
-    @property
-    def outcome(self) -> Outcome:
-        return self._outcome
-
-    @property
-    def reason(self) -> Reason | None:
-        return self._reason
-
-    @property
-    def rule(self) -> str:
-        return self._rule
-
-    @property
-    def rule_version(self) -> str:
-        return self._rule_version
-
-    @property
-    def key(self) -> str:
-        return self._key
-
-    @property
-    def time(self) -> datetime:
-        """Event time of the decision: the deciding event's time, or a timer's due time."""
-        return self._time
-
-    @property
-    def event_ids(self) -> tuple[str, ...]:
-        return self._event_ids
-
-    @property
-    def message(self) -> str:
-        message = self._message
-        if not isinstance(message, str):
-            message = self._message = message()
-        return message
-
-    @property
-    def job(self) -> TrainingRequest | None:
-        """The resolved job, for `launch` (and for `suppress` with reason `shadow`)."""
-        return self._job
-
-    @property
-    def job_name(self) -> str | None:
-        """The job concerned: launched, cancelled or blocking."""
-        return self._job_name
-
-    @property
-    def window_count(self) -> int | None:
-        return self._window_count
-
-    @property
-    def window_sum(self) -> float | None:
-        return self._window_sum
-
-    def _fields(self) -> tuple[Any, ...]:
-        return (
-            self.decision_id,
-            self._outcome,
-            self._reason,
-            self._rule,
-            self._rule_version,
-            self._key,
-            self._time,
-            self._event_ids,
-            self.message,
-            self._job,
-            self._job_name,
-            self._window_count,
-            self._window_sum,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not DecisionRecord:
-            return NotImplemented
-        assert isinstance(other, DecisionRecord)
-        return self._fields() == other._fields()
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
-
-    def __repr__(self) -> str:
-        parts = ", ".join(
-            f"{name}={value!r}" for name, value in zip(_FIELDS, self._fields(), strict=True)
-        )
-        return f"DecisionRecord({parts})"
-
-    def __reduce__(self) -> tuple[type[DecisionRecord], tuple[Any, ...]]:
-        # Copies and pickles carry the values, not a message function still to be called.
-        return (DecisionRecord, self._fields())
+            # The one derived field of a frozen value, set once while it is being built.
+            object.__setattr__(self, "decision_id", derived)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict: what `simulate --json` prints and the audit event carries."""
@@ -270,24 +145,6 @@ class DecisionRecord:
             raise ValueError(f"not a decision record: {exc!r}") from exc
 
 
-_FIELDS = (
-    "decision_id",
-    "outcome",
-    "reason",
-    "rule",
-    "rule_version",
-    "key",
-    "time",
-    "event_ids",
-    "message",
-    "job",
-    "job_name",
-    "window_count",
-    "window_sum",
-)
-"""`DecisionRecord`'s fields in constructor order, as `_fields` gives their values."""
-
-
 def decision_id(
     *,
     rule_version: str,
@@ -316,17 +173,22 @@ _VALUES: dict[enum.Enum, str] = {member: member.value for member in (*Outcome, *
 
 def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with a `Z`, the way CloudEvents writes `time`."""
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return format_rfc3339(value.astimezone(UTC))
 
 
 def parse_time(text: Any) -> datetime:
-    """Parse an RFC 3339 timestamp; naive times are refused (they are ambiguous)."""
+    """An RFC 3339 timestamp in UTC (`vocabulary/timestamps.py` parses; one parser for all).
+
+    Raises:
+        ValueError: *text* is not an RFC 3339 timestamp (an offset is required: a time
+            without one is ambiguous).
+    """
     if not isinstance(text, str):
         raise ValueError(f"expected an RFC 3339 time string, got {text!r}")
-    value = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    if value.tzinfo is None:
-        raise ValueError(f"time {text!r} has no timezone: add Z or an offset")
-    return value.astimezone(UTC)
+    try:
+        return parse_rfc3339(text).astimezone(UTC)
+    except InvalidEventError as exc:
+        raise ValueError(exc.message) from None
 
 
 def job_to_json(job: TrainingRequest) -> dict[str, Any]:

@@ -3,15 +3,30 @@
 Adapters implement them: `runtimes/kubernetes` and `runtimes/localprocess` are
 `TrainingBackend`s; `handlers/` provides the `EventPublisher`. In-memory fakes for tests live
 in `orchestrator/testing.py`.
+
+Some backends can do more than every backend must. Each such capability is its own
+`runtime_checkable` protocol below, which a backend declares by subclassing it; the
+composition root (`handlers/app.py`) asks `isinstance(backend, Capability)` and wires the
+capability only then:
+
+- `RemovesFinishedJobs`: a backend whose finished jobs stay until removed (Kubeflow Trainer
+  keeps TrainJobs forever); the worker sweeps the announced ones.
+- `RecallsJobContext`: a backend that stores a job's provenance with the job, so a worker
+  that has no record of it (restarted, or another worker launched it) can still name its
+  rule key.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.model import JobRef, Observation, TrainingRequest
+
+if TYPE_CHECKING:  # jobs.completion imports this module (EventPublisher)
+    from orchestrator.jobs.completion import JobContext
 
 
 class TrainingBackend(Protocol):
@@ -50,5 +65,42 @@ class EventPublisher(Protocol):
     """Where tuneloop's own CloudEvents go (completions, decisions)."""
 
     async def publish(self, event: CloudEvent, *, topic: str | None = None) -> None:
-        """Send the event durably; return once the broker has acknowledged it."""
+        """Hand the event to the transport; it is on the broker before the input that caused
+        it is committed.
+
+        It need not wait for the broker's acknowledgement of this one event: the worker's
+        `FaustTopicPublisher` returns once the record is queued in faust's producer, and
+        faust flushes that producer before it commits any input offset. Waiting per event
+        capped a partition at a few dozen events a second. A crash before the flush replays
+        the input, which publishes the same events again, with the same ids.
+        """
+        ...
+
+
+@runtime_checkable
+class RemovesFinishedJobs(Protocol):
+    """A backend whose finished jobs stay until someone removes them."""
+
+    async def remove_finished(
+        self, *, finished_before: datetime, announced: Callable[[str], Awaitable[bool]]
+    ) -> tuple[str, ...]:
+        """Remove this backend's jobs that finished before *finished_before* and whose
+        outcome *announced* confirms was published; return their names.
+
+        Raises:
+            TransientBackendError: try again at the next sweep.
+        """
+        ...
+
+
+@runtime_checkable
+class RecallsJobContext(Protocol):
+    """A backend that stores each job's provenance (rule, key, decision) with the job."""
+
+    async def context_of(self, job: JobRef) -> JobContext | None:
+        """What *job* was launched for; None when the job or its provenance is gone.
+
+        Raises:
+            TransientBackendError: try again later.
+        """
         ...

@@ -42,6 +42,7 @@ from orchestrator.errors import BackendError, ConfigError, TransientBackendError
 from orchestrator.jobs.completion import JobContext
 from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest
 from orchestrator.jobs.tracking import next_transition
+from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs
 from runtimes.kubernetes import manifests, results
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from runtimes.kubernetes.errors import foreign_object_error, is_transient, translate
@@ -184,7 +185,7 @@ class _ResourceVersionGoneError(Exception):
     """The watch's resourceVersion is too old (410): list again."""
 
 
-class KubernetesBackend:
+class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
     """A `TrainingBackend` on Kubeflow Trainer v2 (see the module docstring).
 
     Args:

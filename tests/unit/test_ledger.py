@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -15,7 +15,9 @@ from orchestrator.ledger import (
     Outcome,
     Reason,
     decision_id,
+    format_time,
     from_cloudevent,
+    parse_time,
     to_cloudevent,
 )
 
@@ -99,3 +101,32 @@ def test_decision_ids_are_deterministic_and_depend_on_every_input():
 def test_a_malformed_record_is_a_value_error():
     with pytest.raises(ValueError, match="not a decision record"):
         DecisionRecord.from_json({"outcome": "launch"})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-03-01T12:00:00Z", datetime(2026, 3, 1, 12, tzinfo=UTC)),
+        ("2026-03-01T13:30:00.250+01:30", datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)),
+    ],
+    ids=["zulu", "offset-and-fraction"],
+)
+def test_stored_times_read_back_in_utc(text, expected):
+    assert parse_time(text) == expected
+    assert parse_time(text).tzinfo is UTC
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["2026-03-01T12:00:00", "2026-03-01 12:00:00Z", "2026-W09-7T12:00:00Z", 1767225600],
+    ids=["no-offset", "space-not-T", "week-date", "not-a-string"],
+)
+def test_a_time_rfc_3339_forbids_is_a_value_error(text):
+    with pytest.raises(ValueError, match="RFC 3339"):
+        parse_time(text)
+
+
+def test_times_are_written_in_utc_with_a_z():
+    moment = datetime(2026, 3, 1, 13, 30, tzinfo=timezone(timedelta(hours=1, minutes=30)))
+    assert format_time(moment) == "2026-03-01T12:00:00Z"
+    assert format_time(moment.replace(microsecond=5)) == "2026-03-01T12:00:00.000005Z"
