@@ -27,9 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
@@ -71,12 +70,9 @@ __all__ = [
 DAY = timedelta(days=1)
 
 
-class Route(NamedTuple):
-    """One (rule, key) an event is relevant to.
-
-    A named tuple rather than a frozen dataclass: `route` makes several per event and a
-    frozen dataclass costs about five times as much to build.
-    """
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One (rule, key) an event is relevant to."""
 
     rule: str
     key: str
@@ -93,24 +89,15 @@ class JobFinished:
     at: datetime
 
 
-class _Match(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class _Match:
     trigger: Trigger
     key: str | None
     error: str | None = None
 
 
-# One-entry memo: `route` and then `evaluate` on the same event object compute the selector
-# and key expressions once. Keyed by object identity of the rule set and the event (and the
-# arrival time when the event has none); the result is a pure function of them, so the memo is
-# invisible from outside. The engine runs on one thread per worker (faust agents are asyncio).
-_memo: list[Any] = [None, None, None, (), None]
-
-
 def _matches(rules: RuleSet, event: CloudEvent, time: datetime | None = None) -> tuple[_Match, ...]:
     at = event.time or time or _EPOCH
-    if _memo[0] is rules and _memo[1] is event and (event.time is not None or _memo[2] == at):
-        cached: tuple[_Match, ...] = _memo[3]
-        return cached
     found, _ = _evaluate_triggers(rules, event, at)
     return found
 
@@ -155,21 +142,16 @@ def _evaluate_triggers(
         except (FastPathError, NeedsCel):
             value = None
         if type(value) is str and value:
-            found.append(_new_tuple(_Match, (trigger, value, None)))
+            found.append(_Match(trigger, value))
         else:
             _append_match(found, trigger, activation)
-    matches = tuple(found)
-    _memo[:] = [rules, event, at, matches, activation]
-    return matches, activation
+    return tuple(found), activation
 
 
 def _activation(rules: RuleSet, event: CloudEvent, time: datetime) -> Activation:
-    """The activation `_matches` built for *event* (which narrows data for CEL to the fields
-    the rule set reads, every `sum.of` included), or a fresh one."""
-    if _memo[0] is rules and _memo[1] is event and _memo[4] is not None:
-        cached: Activation = _memo[4]
-        return cached
-    return Activation({"event": event_variables(event, time=time, data_fields=None)})
+    """What expressions see of *event*; CEL sees only the data fields the rule set reads."""
+    variables = event_variables(event, time=time, data_fields=None)
+    return Activation({"event": variables}, data_fields=rules.data_fields.get(event.type))
 
 
 def _append_match(found: list[_Match], trigger: Trigger, activation: Activation) -> None:
@@ -293,12 +275,12 @@ def evaluate(
         if state.sequence is not None and sequence < state.sequence:
             redelivered = True
         else:
-            state = state._replace(sequence=sequence)
+            state = replace(state, sequence=sequence)
     if position is not None:
         positions, behind = _with_position(state.positions, position)
         redelivered = redelivered or behind
         if positions is not state.positions:
-            state = state._replace(positions=positions)
+            state = replace(state, positions=positions)
     if state.horizon is not None and time < state.horizon and not redelivered:
         lag = format_duration(state.horizon - time)
         message = (
@@ -321,9 +303,14 @@ def evaluate(
     if not state.buffer and time <= now - rules.allowed_lateness:
         # Nothing held and the event is due: skip the buffer (the common case without lateness).
         return _advance(rules, state, key, now, due=(event, time, ident))
-    held = Buffered(event_to_json(event), ident, time, time + rules.allowed_lateness)
+    held = Buffered(
+        event=event_to_json(event),
+        identity=ident,
+        time=time,
+        release_at=time + rules.allowed_lateness,
+    )
     buffer = tuple(sorted((*state.buffer, held), key=lambda b: (b.time, b.identity)))
-    state = state._replace(buffer=buffer)
+    state = replace(state, buffer=buffer)
     return _advance(rules, state, key, now)
 
 
@@ -356,7 +343,7 @@ def observe(
     current = state.rules.get(observation.rule)
     if current is None or current.running != observation.job_name:
         return _advance(rules, state, key, now)
-    rule_state = current.with_changes(running=None)
+    rule_state = replace(current, running=None)
     records: list[DecisionRecord] = []
     try:
         rule = rules.rule(observation.rule)
@@ -387,12 +374,7 @@ def _rules_for(rules: RuleSet, event: CloudEvent, key: str, time: datetime) -> t
 
 
 def _with_rule(state: KeyState, name: str, rule_state: RuleState) -> KeyState:
-    rules = dict(state.rules)
-    rules[name] = rule_state
-    # Spelled out: dataclasses.replace is a measurable share of the engine's time.
-    return KeyState(
-        state.horizon, state.buffer, rules, state.wakeups, state.sequence, state.positions
-    )
+    return replace(state, rules={**state.rules, name: rule_state})
 
 
 def _advance(
@@ -410,7 +392,6 @@ def _advance(
     its identity, already checked not to be a duplicate for any rule routed to *key*.
     *changed* names a rule whose state the caller changed without a record (a job ended).
     """
-    given = state.rules
     cutoff = now - rules.allowed_lateness
     records: list[DecisionRecord] = []
     timers_due = bool(state.wakeups) and now >= state.wakeups[0]
@@ -419,7 +400,7 @@ def _advance(
         released = [(b.time, b) for b in state.buffer if b.time <= cutoff]
         if released:
             buffer = tuple(b for b in state.buffer if b.time > cutoff)
-            state = state._replace(buffer=buffer)
+            state = replace(state, buffer=buffer)
     checked = None
     if due is not None:
         released.append((due[1], due[0]))
@@ -444,11 +425,12 @@ def _advance(
         touched = {r.rule for r in records}
         if changed:
             touched.add(changed)
-    state = _prune(rules, state, now=now, touched=touched, owned=state.rules is not given)
+    state = _prune(rules, state, now=now, touched=touched)
     return state, tuple(records)
 
 
-class _Decider(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class _Decider:
     """One rule deciding for one key: what every step below needs, bundled."""
 
     rules: RuleSet
@@ -472,22 +454,18 @@ class _Decider(NamedTuple):
         else:
             count = len(rule_state.entries)
             total = _window_sum(rule, rule_state)
-        # Positional, and the decision id left to be derived when the record is published:
-        # this runs for about every rule an event reaches.
         return DecisionRecord(
-            None,
-            outcome,
-            reason,
-            rule.name,
-            rule.version,
-            self.key,
-            time,
-            event_ids,
-            message,
-            None,
-            job_name,
-            count,
-            total,
+            outcome=outcome,
+            reason=reason,
+            rule=rule.name,
+            rule_version=rule.version,
+            key=self.key,
+            time=time,
+            event_ids=event_ids,
+            message=message,
+            job_name=job_name,
+            window_count=count,
+            window_sum=total,
         )
 
 
@@ -510,7 +488,7 @@ def _record(
 _NO_RULES = RuleSet(rules=(), version="")
 
 
-def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
+def _process(  # noqa: PLR0912, PLR0915 - split by concern in the next step
     rules: RuleSet,
     state: KeyState,
     *,
@@ -561,8 +539,8 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
             joined = dict(rule_state.joined)
             newer = joined.get(join.type)
             if newer is None or newer.time <= time:
-                joined[join.type] = Joined(event_to_json(event), ident, time)
-            rule_state = rule_state._replace(joined=joined)
+                joined[join.type] = Joined(event=event_to_json(event), identity=ident, time=time)
+            rule_state = replace(rule_state, joined=joined)
         else:
             amount = 0.0
             if rule.sum is not None:
@@ -579,32 +557,23 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
                         )
                     )
                     continue
-            # tuple.__new__ builds the named tuples at half the cost of their constructors;
-            # the fields are given in full and in order.
-            entries = (*rule_state.entries, _new_tuple(Entry, (event.id, ident, time, amount)))
+            entry = Entry(event_id=event.id, identity=ident, time=time, amount=amount)
+            entries = (*rule_state.entries, entry)
             if behind:  # keep entries in event-time order, which expiry relies on
                 entries = tuple(sorted(entries, key=lambda e: e.time))
-            rule_state = _new_tuple(RuleState, (entries, *rule_state[1:]))
+            rule_state = replace(rule_state, entries=entries)
         count = len(rule_state.entries)
         if join is None and count < rule.count:
-            # The common case, spelled out: counted, not enough yet (what `_consider` says).
-            # The message is written when it is read, as the decision id is derived then.
+            # Counted, not enough yet (what `_consider` says).
             total = _window_sum(rule, rule_state)
             records.append(
-                DecisionRecord(
-                    None,
+                _Decider(rules, rule, key).record(
                     Outcome.ACCUMULATE,
                     None,
-                    rule.name,
-                    rule.version,
-                    key,
-                    time,
-                    ids,
-                    partial(_progress_message, rule, count, total),
-                    None,
-                    None,
-                    count,
-                    total,
+                    time=time,
+                    event_ids=ids,
+                    message=_progress_message(rule, count, total),
+                    rule_state=rule_state,
                 )
             )
         else:
@@ -619,7 +588,7 @@ def _process(  # noqa: PLR0912 - the per-event path, kept in one piece for speed
         updated[rule.name] = rule_state
     if horizon is None or time > horizon:
         horizon = time
-    return KeyState(horizon, state.buffer, updated, state.wakeups, state.sequence, state.positions)
+    return replace(state, horizon=horizon, rules=updated)
 
 
 def _amount(rule: Rule, activation: Activation) -> float:
@@ -652,7 +621,6 @@ def _already_counted(rule_state: RuleState, ident: str) -> bool:
 
 _IDENTITY = attrgetter("identity")
 _PENDING = attrgetter("pending")
-_new_tuple = tuple.__new__
 
 
 def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
@@ -683,7 +651,7 @@ def _expire(rule: Rule, rule_state: RuleState, time: datetime) -> RuleState:
         rule_state.launches,
     ):
         return rule_state
-    return _new_tuple(RuleState, (entries, joined, *rule_state[2:4], launches, *rule_state[5:]))
+    return replace(rule_state, entries=entries, joined=joined, launches=launches)
 
 
 def _progress(rule: Rule, rule_state: RuleState) -> tuple[bool, str]:
@@ -752,7 +720,7 @@ def _consider(
         coalesced = replace(
             pending, event=event_to_json(event), event_ids=_merge(pending.event_ids, window_ids)
         )
-        rule_state = rule_state.with_changes(pending=coalesced)
+        rule_state = replace(rule_state, pending=coalesced)
         return rule_state, record(
             Outcome.DEFER, pending.reason, f"coalesced into the waiting launch; {progress}"
         )
@@ -761,9 +729,13 @@ def _consider(
         due = min(since + rule.debounce.max_wait, time + rule.debounce.quiet)
         earlier = pending.event_ids if pending is not None else ()
         waiting = Pending(
-            Reason.DEBOUNCE_PENDING, since, due, event_to_json(event), _merge(earlier, window_ids)
+            reason=Reason.DEBOUNCE_PENDING,
+            since=since,
+            due=due,
+            event=event_to_json(event),
+            event_ids=_merge(earlier, window_ids),
         )
-        rule_state = rule_state.with_changes(pending=waiting)
+        rule_state = replace(rule_state, pending=waiting)
         return rule_state, record(
             Outcome.SUPPRESS,
             Reason.DEBOUNCE_PENDING,
@@ -815,7 +787,7 @@ def _attempt(
 
     if rule_state.last_launch is not None and at < rule_state.last_launch + rule.cooldown:
         until = format_time(rule_state.last_launch + rule.cooldown)
-        rule_state = rule_state.with_changes(pending=None)
+        rule_state = replace(rule_state, pending=None)
         return rule_state, [
             record(Outcome.SUPPRESS, Reason.COOLDOWN, f"in cooldown until {until}; window kept")
         ]
@@ -823,7 +795,7 @@ def _attempt(
     running = rule_state.running
     if running is not None and rule.mode is Mode.LIVE:
         if rule.concurrency is Concurrency.FORBID:
-            rule_state = rule_state.with_changes(pending=None)
+            rule_state = replace(rule_state, pending=None)
             return rule_state, [
                 record(
                     Outcome.SUPPRESS,
@@ -833,8 +805,10 @@ def _attempt(
                 )
             ]
         if rule.concurrency is Concurrency.QUEUE:
-            queued = Pending(Reason.QUEUED, since, None, event, ids)
-            rule_state = rule_state.with_changes(pending=queued)
+            queued = Pending(
+                reason=Reason.QUEUED, since=since, due=None, event=event, event_ids=ids
+            )
+            rule_state = replace(rule_state, pending=queued)
             return rule_state, [
                 record(
                     Outcome.DEFER, Reason.QUEUED, f"queued until job {running} finishes", running
@@ -845,8 +819,8 @@ def _attempt(
     budget = rule.max_launches_per_day
     if budget is not None and len(launches) >= budget:
         due = min(launches) + DAY
-        waiting = Pending(Reason.BUDGET, since, due, event, ids)
-        rule_state = rule_state.with_changes(pending=waiting, launches=launches)
+        waiting = Pending(reason=Reason.BUDGET, since=since, due=due, event=event, event_ids=ids)
+        rule_state = replace(rule_state, pending=waiting, launches=launches)
         message = (
             f"{len(launches)} launches in the last day (max {budget}); retry at {format_time(due)}"
         )
@@ -882,7 +856,7 @@ def _launch(
     try:
         request = _render(decider, rule_state, event=event, ids=ids, name=name, record_id=record_id)
     except TemplateError as exc:
-        rule_state = rule_state.with_changes(pending=None)
+        rule_state = replace(rule_state, pending=None)
         failure = decider.record(
             Outcome.ERROR,
             Reason.TEMPLATE_ERROR,
@@ -1040,7 +1014,7 @@ def _fire_timers(
         try:
             rule = rules.rule(name)
         except KeyError:  # the rule was removed by a reload: its waiting launch goes with it
-            state = _with_rule(state, name, rule_state.with_changes(pending=None))
+            state = _with_rule(state, name, replace(rule_state, pending=None))
             continue
         decider = _Decider(rules, rule, key)
         rule_state, more = _attempt(
@@ -1056,46 +1030,24 @@ def _prune(
     *,
     now: datetime,
     touched: Iterable[str] | None = None,
-    owned: bool = False,
 ) -> KeyState:
     """Drop what can never matter again, and compute when `tick` next has work.
 
     With *touched* (the rules an event just changed) and no timer due yet, only those rules
     are looked at: the others cannot have changed. The wakeup kept may then be earlier than
-    needed, which costs one empty `tick`, never a missed one. *owned*: `state.rules` is a
-    dict this evaluation built, which may be changed in place instead of copied.
+    needed, which costs one empty `tick`, never a missed one.
     """
     cutoff = now - rules.allowed_lateness
     previous = state.wakeups[0] if state.wakeups else None
-    partial = touched is not None and (previous is None or now < previous)
-    names = tuple(touched or ()) if partial else tuple(state.rules)
-    kept: dict[str, RuleState] = {}
-    if partial:
-        kept = state.rules if owned and isinstance(state.rules, dict) else dict(state.rules)
+    only_touched = touched is not None and (previous is None or now < previous)
+    names = tuple(touched or ()) if only_touched else tuple(state.rules)
+    kept: dict[str, RuleState] = dict(state.rules) if only_touched else {}
     wakeup = state.buffer[0].release_at if state.buffer else None
-    if partial and previous is not None and (wakeup is None or previous < wakeup):
+    if only_touched and previous is not None and (wakeup is None or previous < wakeup):
         wakeup = previous
-    lateness = rules.allowed_lateness
-    by_name = rules.by_name
-    # With a wakeup due, this runs over every rule of the key (about every other event once
-    # windows start to expire), so a rule that only counts and has nothing expiring yet is
-    # settled inline: the same state and wakeup `_prune_rule` would give.
     for name in names:
         rule_state = state.rules.get(name)
         if rule_state is None:
-            continue
-        entries, joined, seen, last_launch, launches, _, pending = rule_state
-        rule = by_name.get(name)
-        if (
-            entries
-            and rule is not None
-            and not (joined or seen or last_launch or launches or pending)
-            and entries[0].time > cutoff - rule.window
-        ):
-            expires = entries[0].time + rule.window + lateness
-            kept[name] = rule_state
-            if wakeup is None or expires < wakeup:
-                wakeup = expires
             continue
         current, rule_wakeup = _prune_rule(rules, name, rule_state, cutoff)
         if current is None:
@@ -1104,14 +1056,7 @@ def _prune(
             kept[name] = current
         if rule_wakeup is not None and (wakeup is None or rule_wakeup < wakeup):
             wakeup = rule_wakeup
-    return KeyState(
-        state.horizon,
-        state.buffer,
-        kept,
-        (wakeup,) if wakeup is not None else (),
-        state.sequence,
-        state.positions,
-    )
+    return replace(state, rules=kept, wakeups=(wakeup,) if wakeup is not None else ())
 
 
 def _prune_rule(
@@ -1124,37 +1069,33 @@ def _prune_rule(
         return (rule_state if rule_state.running is not None else None), None
     lateness = rules.allowed_lateness
     current = _expire(rule, rule_state, cutoff)
-    entries, joined, seen, last_launch, launches, running, pending = current
     first_seen = None
-    if seen:
+    if current.seen:
         # Keep consumed ids as long as an event of that time could still count.
         oldest = cutoff - rule.horizon - lateness
-        first_seen = min(seen.values())
+        first_seen = min(current.seen.values())
         if first_seen <= oldest:
-            seen = {i: t for i, t in seen.items() if t > oldest}
-            current = current._replace(seen=seen)
+            seen = {i: t for i, t in current.seen.items() if t > oldest}
+            current = replace(current, seen=seen)
             first_seen = min(seen.values()) if seen else None
     if (
-        last_launch is not None
-        and not launches
-        and running is None
-        and last_launch + rule.cooldown < cutoff
+        current.last_launch is not None
+        and not current.launches
+        and current.running is None
+        and current.last_launch + rule.cooldown < cutoff
     ):
-        current = current._replace(last_launch=None)
-        last_launch = None
+        current = replace(current, last_launch=None)
     wakeups = []
-    if pending is not None and pending.due is not None:
-        wakeups.append(pending.due + lateness)
-    if entries:
-        wakeups.append(entries[0].time + rule.window + lateness)
-    if joined:
-        for join in rule.joins:
-            joined_event = joined.get(join.type)
-            if joined_event is not None:
-                wakeups.append(joined_event.time + join.within + lateness)
-    if launches:
-        wakeups.append(launches[0] + DAY + lateness)
+    if current.pending is not None and current.pending.due is not None:
+        wakeups.append(current.pending.due + lateness)
+    if current.entries:
+        wakeups.append(current.entries[0].time + rule.window + lateness)
+    for join in rule.joins:
+        joined_event = current.joined.get(join.type)
+        if joined_event is not None:
+            wakeups.append(joined_event.time + join.within + lateness)
+    if current.launches:
+        wakeups.append(current.launches[0] + DAY + lateness)
     if first_seen is not None:
         wakeups.append(first_seen + rule.horizon + 2 * lateness)
-    idle = not (entries or joined or seen or running or pending or launches or last_launch)
-    return (None if idle else current), (min(wakeups) if wakeups else None)
+    return (None if current.is_idle else current), (min(wakeups) if wakeups else None)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 from orchestrator.events import CloudEvent
 from orchestrator.ledger import Reason, format_time, parse_time
@@ -107,19 +107,22 @@ def identity(event: CloudEvent) -> str:
     return f"{event.source}\n{event.id}"
 
 
-# Entry, RuleState and KeyState are named tuples rather than frozen dataclasses: the engine
-# builds several of each per event, a named tuple costs a fraction to build, and a tuple of
-# strings, numbers and times is one the garbage collector stops tracking (windows hold many).
 _NO_ITEMS: Mapping[Any, Any] = MappingProxyType({})
 
 
-class Entry(NamedTuple):
+def _no_items() -> Mapping[Any, Any]:
+    return _NO_ITEMS
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
     """One event counted in a rule's window."""
 
     event_id: str
     identity: str
     time: datetime
     amount: float = 0.0
+    """What the event adds to the window's `sum` (0 for a rule without one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,20 +149,26 @@ class Pending:
     """Every event id that took part while it waited (the window may expire meanwhile)."""
 
 
-class RuleState(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class RuleState:
     """Everything one rule remembers about one key."""
 
     entries: tuple[Entry, ...] = ()
-    joined: Mapping[str, Joined] = _NO_ITEMS
-    seen: Mapping[str, datetime] = _NO_ITEMS
+    """The window: events counted and not yet consumed by a launch, in event-time order."""
+    joined: Mapping[str, Joined] = field(default_factory=_no_items)
+    """The latest event of each join type, by type."""
+    seen: Mapping[str, datetime] = field(default_factory=_no_items)
     """Identities already consumed by a launch, by event time (for `duplicate`)."""
     last_launch: datetime | None = None
     launches: tuple[datetime, ...] = ()
+    """Launch times of the last day (for `max_launches_per_day`)."""
     running: str | None = None
+    """The job this rule launched for the key and that has not finished."""
     pending: Pending | None = None
 
     @property
     def is_idle(self) -> bool:
+        """Whether nothing is left to remember (the key's state can drop the rule)."""
         return not (
             self.entries
             or self.joined
@@ -169,9 +178,6 @@ class RuleState(NamedTuple):
             or self.launches
             or self.last_launch
         )
-
-    def with_changes(self, **changes: Any) -> RuleState:
-        return self._replace(**changes)
 
 
 _EMPTY_RULE_STATE = RuleState()
@@ -188,7 +194,8 @@ class Buffered:
     release_at: datetime
 
 
-class InputPosition(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class InputPosition:
     """Where the producer's record of an event sits: its input partition, named
     `topic/partition`, and its offset there. Offsets order the records of one partition as
     their producer sent them, whatever order a consumer later delivers them in."""
@@ -197,13 +204,15 @@ class InputPosition(NamedTuple):
     offset: int
 
 
-class KeyState(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class KeyState:
     """All rules' state for one key."""
 
     horizon: datetime | None = None
     """Latest event time processed; an event older than this is `late`."""
     buffer: tuple[Buffered, ...] = ()
-    rules: Mapping[str, RuleState] = _NO_ITEMS
+    """Events held until their allowed lateness has passed, in event-time order."""
+    rules: Mapping[str, RuleState] = field(default_factory=_no_items)
     wakeups: tuple[datetime, ...] = ()
     """Processing times at which `tick` has work (computed by the engine)."""
     sequence: int | None = None
@@ -261,7 +270,10 @@ class KeyState(NamedTuple):
             horizon=_parse(data.get("horizon")),
             buffer=tuple(
                 Buffered(
-                    b["event"], b["identity"], parse_time(b["time"]), parse_time(b["release_at"])
+                    event=b["event"],
+                    identity=b["identity"],
+                    time=parse_time(b["time"]),
+                    release_at=parse_time(b["release_at"]),
                 )
                 for b in data.get("buffer", ())
             ),
@@ -270,7 +282,7 @@ class KeyState(NamedTuple):
             sequence=data.get("sequence"),
             # Absent in states written before input positions were kept.
             positions=tuple(
-                InputPosition(str(partition), int(offset))
+                InputPosition(partition=str(partition), offset=int(offset))
                 for partition, offset in data.get("positions", ())
             ),
         )
@@ -312,11 +324,11 @@ def _rule_from_json(data: Mapping[str, Any]) -> RuleState:
     pending = data.get("pending")
     return RuleState(
         entries=tuple(
-            Entry(event_id, ident, parse_time(at), float(amount))
+            Entry(event_id=event_id, identity=ident, time=parse_time(at), amount=float(amount))
             for event_id, ident, at, amount in data.get("entries", ())
         ),
         joined={
-            name: Joined(j["event"], j["identity"], parse_time(j["time"]))
+            name: Joined(event=j["event"], identity=j["identity"], time=parse_time(j["time"]))
             for name, j in data.get("joined", {}).items()
         },
         seen={name: parse_time(at) for name, at in data.get("seen", {}).items()},

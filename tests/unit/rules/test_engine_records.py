@@ -1,8 +1,7 @@
-"""The records the engine returns are plain values, whatever it leaves to be computed on read.
+"""The records the engine returns are plain immutable values.
 
-For speed, the engine leaves a record's decision id and an accumulate record's message to be
-computed when first read (bench/engine.py). Reading them must give what computing them up
-front gives, and a record must behave as the immutable value it was as a frozen dataclass.
+A record's decision id is derived from its own fields when the engine leaves it out; it must
+be the hash of those fields, and a record must compare, copy, pickle and print as a value.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ def test_a_derived_decision_id_is_the_hash_of_the_record_fields():
     assert record.decision_id == expected  # the second read gives the same
 
 
-def test_a_deferred_message_reads_as_the_engine_always_wrote_it():
+def test_an_accumulate_message_says_how_far_the_window_is():
     record = accumulated()
     assert record.message == "1 of 3 events in the 1h window, sum 0.5 of 1 in the 1h window"
     assert (record.window_count, record.window_sum) == (1, 0.5)
@@ -53,7 +52,7 @@ def test_a_record_equals_its_json_round_trip_and_its_copies():
     assert restored == record
     assert hash(restored) == hash(record)
     assert copy.copy(record) == record
-    assert pickle.loads(pickle.dumps(accumulated())) == record  # message still deferred
+    assert pickle.loads(pickle.dumps(accumulated())) == record
     assert "message='1 of 3 events" in repr(record)
 
 
