@@ -4,12 +4,12 @@ deterministic event stream, and the counting that proves "none lost, none double
 API (everything a suite needs; other e2e tests may import it):
 
 - `FAULT_RULES`: the rule file the suites run (count 3 per model in 1 h, `allowed_lateness: 0s`).
-- `StreamPlan(seed, events, ...)`, `make_stream(plan) -> list[CloudEvent]`: a deterministic
+- `StreamPlan(seed, events, ...)`, `make_stream(plan) -> PlannedStream`: a deterministic
   stream of drift alarms over many models; each model gets 3 qualifying alarms (one launch) or
-  2 (none), interleaved with alarms below threshold. `write_jsonl(events, path)` writes it as
-  JSON Lines for `tuneloop simulate`.
-- `expected_launches(rules, events_jsonl) -> frozenset[str]`: the job names `tuneloop simulate
-  --json` decides for that file (the same engine, run as the CLI).
+  2 (none), interleaved with alarms below threshold. The `PlannedStream` also says, from its
+  own construction and not from any engine, how many qualifying alarms each model was sent and
+  so which models must launch (`must_launch`). `write_jsonl(events, path)` writes the events
+  as JSON Lines for `tuneloop simulate`.
 - `WorkerConfig` + `WorkerProcess`: `tuneloop run --backend kubernetes` as a subprocess in its
   own session, logging to a file; `start()`, `kill()` (SIGKILL to its process group),
   `stop()` (SIGTERM, then SIGKILL), `log_tail()`. `workers_log_tails(...)` for failure messages.
@@ -25,8 +25,12 @@ API (everything a suite needs; other e2e tests may import it):
 - `FaultEnv`: what every suite runs against (broker address, API server, namespace, topics,
   rules, the worker factory, a tmp dir), with `prepare_run(plan, group=...)`; the `fault_env`
   fixture in conftest.py builds it.
-- `Summary`: the counts; `.line()` is the one summary line every suite prints,
-  `.assert_exact()` fails on any loss or duplicate.
+- `Summary`: the counts, per model key: which keys got a TrainJob (read from the TrainJob's
+  key annotation on the API server) against the keys the plan says must launch; `.line()` is
+  the one summary line every suite prints, `.assert_exact()` fails on any loss or duplicate.
+
+The oracle is the plan, never the engine under test: `tuneloop simulate` is checked against
+the same plan in `test_stream_plan.py`, as one more implementation that must agree.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,11 +55,12 @@ from typing import Any, cast
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from handlers.codec import KafkaRecord, decode_record, encode_event, envelope_of
 from devservices.kubernetes import KubeEndpoint
+from handlers.codec import KafkaRecord, decode_record, encode_event, envelope_of
 from orchestrator.events import CloudEvent
 from runtimes.kubernetes.catalog import GROUP as TRAINER_GROUP
 from runtimes.kubernetes.catalog import VERSION as TRAINER_VERSION
+from runtimes.kubernetes.manifests import KEY as KEY_ANNOTATION
 from runtimes.kubernetes.manifests import PLURAL as TRAINJOBS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +87,17 @@ rules:
 """
 """One launch per model that gets 3 qualifying alarms. A model never gets more than 3, so no
 launch depends on when an earlier job finished (`concurrency: forbid` is then never asked):
-the expected launches are a function of the stream alone, which `simulate` computes."""
+the expected launches are a function of the stream alone, which the plan knows as it builds it.
+"""
+
+RULE_COUNT = 3
+"""FAULT_RULES' `count`: a model whose stream holds this many qualifying alarms launches."""
+RULE_WINDOW = timedelta(hours=1)
+"""FAULT_RULES' `window`: a whole stream fits in it, so every qualifying alarm counts."""
+THRESHOLD = 0.2
+"""The alarms' `threshold`: a qualifying alarm's value is above it, a noise alarm's below."""
+SPACING = timedelta(milliseconds=50)
+"""Event time between two consecutive alarms of a stream."""
 
 
 # --- the stream ---------------------------------------------------------------------------
@@ -101,13 +116,33 @@ class StreamPlan:
     prefix: str = "m"
 
 
-def make_stream(plan: StreamPlan) -> list[CloudEvent]:
+@dataclass(frozen=True, slots=True)
+class PlannedStream:
+    """A stream, and what it must yield under FAULT_RULES, known from how it was built.
+
+    The expected launches come from the plan's own bookkeeping, never from an engine: the
+    fault suites test the engine, so it cannot also be their oracle.
+    """
+
+    events: list[CloudEvent]
+    qualifying: Mapping[str, int]
+    """Per model key: how many alarms above threshold the stream sent it (every model of the
+    stream is here, 0 included). All lie within one rule window (`make_stream` checks)."""
+
+    @property
+    def must_launch(self) -> frozenset[str]:
+        """The keys sent RULE_COUNT qualifying alarms: each must launch exactly once (none is
+        sent more, so none can launch twice); every other key must never launch."""
+        return frozenset(key for key, sent in self.qualifying.items() if sent >= RULE_COUNT)
+
+
+def make_stream(plan: StreamPlan) -> PlannedStream:
     """*plan.events* drift alarms, the same for the same plan; times 50 ms apart, recent."""
     rng = random.Random(plan.seed)
     per_model: list[list[bool]] = []  # True: qualifying
     total = 0
     while total < plan.events:
-        qualifying = 3 if rng.random() < plan.launch_share else 2
+        qualifying = RULE_COUNT if rng.random() < plan.launch_share else RULE_COUNT - 1
         noise = rng.randint(0, 2 * plan.noise_per_model)
         kinds = [True] * qualifying + [False] * noise
         rng.shuffle(kinds)
@@ -126,24 +161,39 @@ def make_stream(plan: StreamPlan) -> list[CloudEvent]:
         if cursors[model] == len(per_model[model]):
             open_models[slot] = open_models[-1]
             open_models.pop()
-    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=0.05 * len(order) + 600)
+    if SPACING * len(order) >= RULE_WINDOW:
+        raise ValueError(f"{len(order)} alarms {SPACING} apart do not fit in one rule window")
+    start = datetime.now(UTC).replace(microsecond=0) - SPACING * len(order) - timedelta(minutes=10)
     events = []
+    # Counted here, as each alarm is made: the stream is cut at plan.events, so the last
+    # models may get fewer qualifying alarms than `per_model` planned for them.
+    sent: dict[str, int] = {}
     for n, (model, qualifying) in enumerate(order):
         model_id = f"{plan.prefix}-{model:05d}"
-        value = round(0.25 + rng.random() * 0.5, 3) if qualifying else round(rng.random() * 0.19, 3)
+        sent[model_id] = sent.get(model_id, 0) + qualifying
+        value = (
+            round(THRESHOLD + 0.05 + rng.random() * 0.5, 3)
+            if qualifying
+            else round(rng.random() * (THRESHOLD - 0.01), 3)
+        )
         events.append(
             CloudEvent(
                 id=f"s{plan.seed}-{n:06d}",
                 source=SOURCE,
                 type=DRIFT,
                 subject=model_id,
-                time=start + timedelta(milliseconds=50 * n),
+                time=start + SPACING * n,
                 datacontenttype="application/json",
-                data={"model_id": model_id, "metric": "psi", "value": value, "threshold": 0.2},
+                data={
+                    "model_id": model_id,
+                    "metric": "psi",
+                    "value": value,
+                    "threshold": THRESHOLD,
+                },
                 extensions={"partitionkey": model_id},
             )
         )
-    return events
+    return PlannedStream(events=events, qualifying=sent)
 
 
 def write_jsonl(events: Iterable[CloudEvent], path: Path) -> Path:
@@ -152,32 +202,6 @@ def write_jsonl(events: Iterable[CloudEvent], path: Path) -> Path:
         for event in events:
             out.write(json.dumps(envelope_of(event), default=str) + "\n")
     return path
-
-
-def expected_launches(rules: Path, events_jsonl: Path) -> frozenset[str]:
-    """The job names `tuneloop simulate --json` launches for *events_jsonl* under *rules*."""
-    answer = subprocess.run(
-        [
-            *(sys.executable, "-m", "handlers.cli.main", "simulate"),
-            *("--rules", str(rules), "--events", str(events_jsonl), "--json"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if answer.returncode != 0:
-        raise AssertionError(f"tuneloop simulate failed ({answer.returncode}):\n{answer.stderr}")
-    names = []
-    for line in answer.stdout.splitlines():
-        if line.strip():
-            record = json.loads(line)
-            if record["outcome"] == "launch":
-                names.append(record["job"]["name"])
-    if len(names) != len(set(names)):
-        raise AssertionError("simulate launched one job name twice: the stream plan is wrong")
-    return frozenset(names)
 
 
 # --- worker processes ---------------------------------------------------------------------
@@ -394,12 +418,23 @@ def _objects(kubeconfig: Path) -> Any:
     return client.CustomObjectsApi(new_client(config_file=str(kubeconfig)))
 
 
-def trainjob_names(kubeconfig: Path, namespace: str) -> list[str]:
-    """The names of every TrainJob in *namespace* (a list: the server never repeats one)."""
+def trainjob_keys(kubeconfig: Path, namespace: str) -> dict[str, str]:
+    """Every TrainJob in *namespace*: its name and the model key it was launched for (the
+    key annotation the worker writes; empty when it wrote none, which no plan expects)."""
     listing = _objects(kubeconfig).list_namespaced_custom_object(
         TRAINER_GROUP, TRAINER_VERSION, namespace, TRAINJOBS
     )
-    return [item["metadata"]["name"] for item in listing["items"]]
+    return {
+        item["metadata"]["name"]: (item["metadata"].get("annotations") or {}).get(
+            KEY_ANNOTATION, ""
+        )
+        for item in listing["items"]
+    }
+
+
+def trainjob_names(kubeconfig: Path, namespace: str) -> list[str]:
+    """The names of every TrainJob in *namespace* (a list: the server never repeats one)."""
+    return list(trainjob_keys(kubeconfig, namespace))
 
 
 def complete_trainjobs(kubeconfig: Path, namespace: str, names: Iterable[str]) -> int:
@@ -460,23 +495,23 @@ async def diagnosis(
     group: str | None = None,
     events: Sequence[CloudEvent] = (),
 ) -> str:
-    """What a stuck suite has so far: TrainJobs vs expected, decisions by outcome, logs; with
-    *group* and *events*, which events of each missing key were decided and how far the
-    group committed (an event never decided behind a committed offset was skipped; behind
-    an uncommitted one, it is waiting to be read again)."""
-    names = set(trainjob_names(kubeconfig, namespace))
+    """What a stuck suite has so far: launched keys vs expected (*expected* are model keys),
+    decisions by outcome, logs; with *group* and *events*, which events of each missing key
+    were decided and how far the group committed (an event never decided behind a committed
+    offset was skipped; behind an uncommitted one, it is waiting to be read again)."""
+    launched = set(trainjob_keys(kubeconfig, namespace).values())
     audit = await read_topic(bootstrap, topics["audit"])
     outcomes = Counter(f"{e.data.get('outcome')}/{e.data.get('reason')}" for e in audit)
-    missing = sorted(expected - names)
-    audited = {str((e.data.get("job") or {}).get("name")) for e in audit if e.data.get("job")}
+    missing = sorted(expected - launched)
+    audited = {str(e.data.get("key")) for e in audit if e.data.get("outcome") == "launch"}
     late = [
         (e.data.get("key"), e.data.get("event_ids"), e.data.get("message"))
         for e in audit
         if e.data.get("outcome") == "late"
     ]
     return (
-        f"trainjobs={len(names)} expected={len(expected)} missing={missing[:10]} "
-        f"(of which decided in the audit topic: {sorted(set(missing) & audited)[:10]})\n"
+        f"launched keys={len(launched)} expected={len(expected)} missing={missing[:10]} "
+        f"(of which launched in the audit topic: {sorted(set(missing) & audited)[:10]})\n"
         f"decisions: {dict(outcomes)}\nlate: {late[:10]}\n"
         f"{_missing_keys_story(missing, audit, events)}"
         f"{await asyncio.to_thread(_group_lag, bootstrap, group) if group else ''}"
@@ -487,16 +522,13 @@ async def diagnosis(
 def _missing_keys_story(
     missing: Sequence[str], audit: Sequence[CloudEvent], events: Sequence[CloudEvent]
 ) -> str:
-    """Per missing job's key (up to 5): each event sent for it, with its decision or `-`."""
+    """Per missing key (up to 5): each event sent for it, with its decision or `-`."""
     decided: dict[str, str] = {}
     for record in audit:
         for event_id in record.data.get("event_ids") or ():
             decided[str(event_id)] = str(record.data.get("outcome"))
     lines = []
-    for job in missing[:5]:
-        key = next((e.subject for e in events if e.subject and f"-{e.subject}-" in job), None)
-        if key is None:
-            continue
+    for key in missing[:5]:
         story = [f"{e.id}:{decided.get(e.id, '-')}" for e in events if e.subject == key]
         lines.append(f"  {key}: {' '.join(story)}")
     return "events of missing keys (id:decision, - = never decided):\n" + "\n".join(lines) + "\n"
@@ -536,12 +568,18 @@ def completions_by_job(out: Iterable[CloudEvent]) -> dict[str, set[str]]:
 
 @dataclass(slots=True)
 class Summary:
-    """What one suite counted; `line()` is printed, `assert_exact()` decides."""
+    """What one suite counted; `line()` is printed, `assert_exact()` decides.
+
+    Launches are counted per model key, against the keys the stream plan must launch: no job
+    naming is involved, so a bug in naming or in the engine cannot agree with itself here.
+    """
 
     suite: str
     events_sent: int
     expected: frozenset[str]
-    trainjobs: Sequence[str]
+    """The model keys that must launch, each exactly once (`PlannedStream.must_launch`)."""
+    trainjobs: Mapping[str, str]
+    """Every TrainJob on the API server: name -> the model key it was launched for."""
     completions: dict[str, set[str]] = field(default_factory=dict)
     completion_copies: int = 0
     dlq: int = 0
@@ -550,14 +588,32 @@ class Summary:
     """What was seen when launches went missing (decisions by outcome, worker logs)."""
 
     @property
+    def launches_per_key(self) -> Counter[str]:
+        return Counter(self.trainjobs.values())
+
+    @property
+    def doubled(self) -> dict[str, int]:
+        """Keys that must launch once but got more TrainJobs, with how many."""
+        return {k: n for k, n in self.launches_per_key.items() if n > 1 and k in self.expected}
+
+    @property
+    def unexpected(self) -> list[str]:
+        """Keys that got a TrainJob although the plan sent them too few qualifying alarms."""
+        return sorted(set(self.launches_per_key) - self.expected)
+
+    @property
+    def missing(self) -> list[str]:
+        return sorted(self.expected - set(self.launches_per_key))
+
+    @property
     def duplicates(self) -> int:
-        counts = Counter(self.trainjobs)
-        repeated = sum(n - 1 for n in counts.values())
-        return repeated + len(set(self.trainjobs) - self.expected)
+        """TrainJobs beyond one per expected key: second launches plus unexpected ones."""
+        extra = sum(n - 1 for n in self.doubled.values())
+        return extra + sum(self.launches_per_key[k] for k in self.unexpected)
 
     @property
     def lost(self) -> int:
-        return len(self.expected - set(self.trainjobs))
+        return len(self.missing)
 
     @property
     def completion_count(self) -> int:
@@ -576,10 +632,13 @@ class Summary:
     def assert_exact(self, *, completions_expected: bool = True) -> None:
         problems = []
         if self.lost:
-            problems.append(f"lost launches: {sorted(self.expected - set(self.trainjobs))[:20]}")
-        if self.duplicates:
-            extra = sorted(set(self.trainjobs) - self.expected)[:20]
-            problems.append(f"duplicate or unexpected TrainJobs: {extra}")
+            problems.append(f"keys that must launch but have no TrainJob: {self.missing[:20]}")
+        if self.doubled:
+            problems.append(
+                f"keys launched more than once: {dict(list(self.doubled.items())[:20])}"
+            )
+        if self.unexpected:
+            problems.append(f"keys launched that must not launch: {self.unexpected[:20]}")
         if self.dlq:
             problems.append(f"{self.dlq} good events were dead-lettered")
         if completions_expected:
@@ -607,6 +666,7 @@ class FaultRun:
 
     events: list[CloudEvent]
     expected: frozenset[str]
+    """The model keys that must launch, from the stream plan (not from any engine)."""
     config: WorkerConfig
     workers: list[WorkerProcess] = field(default_factory=list)
     missing: str = ""
@@ -623,10 +683,8 @@ class FaultRun:
         kubeconfig: Path,
         namespace: str,
         group: str,
-        tmp_path: Path,
     ) -> FaultRun:
-        events = make_stream(plan)
-        expected = expected_launches(rules, write_jsonl(events, tmp_path / "events.jsonl"))
+        stream = make_stream(plan)
         config = WorkerConfig(
             bootstrap=bootstrap,
             topics=topics,
@@ -635,7 +693,7 @@ class FaultRun:
             kubeconfig=kubeconfig,
             namespace=namespace,
         )
-        return cls(events=events, expected=expected, config=config)
+        return cls(events=stream.events, expected=stream.must_launch, config=config)
 
     def created(self) -> int:
         return len(trainjob_names(self.config.kubeconfig, self.config.namespace))
@@ -716,7 +774,7 @@ class FaultRun:
             suite=suite,
             events_sent=len(self.events),
             expected=self.expected,
-            trainjobs=trainjob_names(self.config.kubeconfig, self.config.namespace),
+            trainjobs=trainjob_keys(self.config.kubeconfig, self.config.namespace),
             completions=completions_by_job(out),
             completion_copies=sum(1 for e in out if e.type == COMPLETED),
             dlq=await count_records(bootstrap, topics["dlq"]),
@@ -747,5 +805,4 @@ class FaultEnv:
             kubeconfig=self.kube_api.kubeconfig,
             namespace=self.namespace,
             group=group,
-            tmp_path=self.tmp_path,
         )

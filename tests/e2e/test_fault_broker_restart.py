@@ -3,8 +3,9 @@
 A real `tuneloop run` consumes while the local broker is stopped (controlled shutdown; the
 soak version also crashes it with SIGKILL) and started again on the same ports and data. The
 worker and the test's producer reconnect on their own; nothing is restarted by hand. The
-TrainJobs must be exactly the launches `tuneloop simulate` computed, each with exactly one
-`finetune.completed` event id, and the worker process must have survived.
+models the stream plan sent three qualifying alarms must have exactly one TrainJob each, the
+others none, each job must have exactly one `finetune.completed` event id, and the worker
+process must have survived.
 """
 
 from __future__ import annotations

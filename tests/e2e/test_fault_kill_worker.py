@@ -4,9 +4,9 @@ A real `tuneloop run --backend kubernetes` process consumes a deterministic stre
 real broker and creates TrainJobs on the real API server. The test kills it with SIGKILL at
 random points: while it consumes (and so, sometimes, between a decision and its create), and
 right after TrainJobs were moved to Complete (between the status change and the completion
-event). Each time a new process takes over the same group. At the end the TrainJobs must be
-exactly the launches `tuneloop simulate` computed for the same file, and each of them must
-have exactly one `finetune.completed` event id on the output topic.
+event). Each time a new process takes over the same group. At the end each model the stream
+plan sent three qualifying alarms must have exactly one TrainJob, the others none, and each
+job must have exactly one `finetune.completed` event id on the output topic.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Both `tuneloop run` processes share the group, so the input and the keyed topic 
 between them (the test waits until the broker shows both as members of a stable group). One is
 killed mid-stream; after its session times out its partitions move to the survivor, which
 rebuilds the rule state of those keys from the changelog topics: a model whose first alarms
-were counted by the dead worker launches on the survivor when its third alarm arrives. The
-TrainJobs must be exactly the launches `tuneloop simulate` computed, each with exactly one
-`finetune.completed` event id.
+were counted by the dead worker launches on the survivor when its third alarm arrives. Each
+model the stream plan sent three qualifying alarms must have exactly one TrainJob, the others
+none, each job with exactly one `finetune.completed` event id.
 """
 
 from __future__ import annotations
