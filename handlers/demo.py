@@ -35,8 +35,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from handlers.codec import KafkaRecord, decode_record, encode_event
 from devservices.kafka import kafka_for_tests
+from handlers.codec import KafkaRecord, decode_record, encode_event
 from orchestrator.events import CloudEvent
 
 REPO = Path(__file__).resolve().parent.parent

@@ -30,7 +30,6 @@ dead-letter the true original if the sink refuses the event.
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -48,7 +47,7 @@ from handlers.dedup import SEEN_TABLE, SeenEvents, seen_key
 from handlers.publishing import tls_context
 from handlers.seek_safe_consumer import use_seek_safe_consumer
 from orchestrator.clock import Clock, SystemClock
-from orchestrator.errors import InvalidEventError, TransientBackendError
+from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent
 from orchestrator.settings import KafkaSettings, SecurityProtocol, Settings
 from orchestrator.vocabulary.registry import SchemaRegistry
@@ -63,9 +62,10 @@ Router = Callable[[CloudEvent], Sequence[str]]
 Sink = Callable[[str, CloudEvent, RecordInfo], Awaitable[None]]
 """Where a validated, deduplicated event goes, with the key it was routed by.
 
-May raise `TransientBackendError` (retried with backoff, blocking only its partition),
-`InvalidEventError` (dead-lettered as `sink.rejected`); anything else is dead-lettered as
-`sink.failed` so that one bad event cannot stop the worker."""
+May raise `InvalidEventError` (dead-lettered as `sink.rejected`); anything else is
+dead-lettered as `sink.failed` so that one bad event cannot stop the worker. The sink never
+hands back a failure to retry: the service owns retries (`orchestrator/service.py`) and waits
+inside the sink, which holds only this key's partition."""
 
 UnknownTypePolicy = Callable[[str], bool]
 """Whether an event type without a registered schema may pass (a rule allows it)."""
@@ -80,9 +80,6 @@ FORWARD_HEADERS = (
 )
 """Appended (in this order) to a record forwarded to the keyed topic: where it came from and
 which event of a batch this copy is for."""
-
-MAX_RETRY_DELAY = 60.0
-"""Seconds; the backoff of a sink raising `TransientBackendError` doubles up to this."""
 
 
 def route_by_partitionkey(event: CloudEvent) -> tuple[str, ...]:
@@ -143,7 +140,6 @@ class IntakeStats:
     unrouted: int = 0
     handled: int = 0
     duplicates: int = 0
-    retries: int = 0
     dead_lettered: Counter[str] = field(default_factory=Counter)
 
 
@@ -360,27 +356,18 @@ class _Pipeline:
     async def deliver(
         self, key: str, event: CloudEvent, record: KafkaRecord, origin: RecordInfo
     ) -> None:
-        """Call the sink until it takes the event or refuses it for good."""
-        delay: float | None = None
-        while True:
-            try:
-                await self.sink(key, event, origin)
-            except TransientBackendError as exc:
-                delay = min(MAX_RETRY_DELAY, exc.delay if delay is None else delay * 2)
-                self.stats.retries += 1
-                log.warning("sink_retry", event_id=event.id, key=key, delay=delay)
-                await asyncio.sleep(delay)
-                continue
-            except InvalidEventError as exc:
-                await self.dead_letter(record, origin, Rejection.SINK_REJECTED, exc.message)
-                return
-            except Exception as exc:
-                log.exception("sink_failed", event_id=event.id, key=key)
-                await self.dead_letter(record, origin, Rejection.SINK_FAILED, repr(exc))
-                return
-            self.stats.handled += 1
-            log.debug("event_handled", event_id=event.id, key=key)
+        """Hand the event to the sink; dead-letter it if the sink refuses it."""
+        try:
+            await self.sink(key, event, origin)
+        except InvalidEventError as exc:
+            await self.dead_letter(record, origin, Rejection.SINK_REJECTED, exc.message)
             return
+        except Exception as exc:
+            log.exception("sink_failed", event_id=event.id, key=key)
+            await self.dead_letter(record, origin, Rejection.SINK_FAILED, repr(exc))
+            return
+        self.stats.handled += 1
+        log.debug("event_handled", event_id=event.id, key=key)
 
     async def dead_letter(
         self, original: KafkaRecord, origin: RecordInfo, code: str, message: str

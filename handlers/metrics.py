@@ -1,14 +1,15 @@
 """Prometheus metrics of a worker, served on `TUNELOOP_METRICS_PORT` (the Helm chart scrapes
 and probes `/metrics` there).
 
-Counters are read from what the worker already counts (`IntakeStats`, `WorkerCounts`) when
-Prometheus scrapes, so the hot path pays for no metric library calls.
+Counters are read from what the worker already counts (`IntakeStats`, `WorkerCounts`, the
+service's `Orchestrator.retries`) when Prometheus scrapes, so the hot path pays for no metric
+library calls.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +34,12 @@ class WorkerCounts:
 class WorkerCollector(Collector):
     """Exposes one worker's counters to a Prometheus registry."""
 
-    def __init__(self, intake: IntakeStats, worker: WorkerCounts) -> None:
+    def __init__(
+        self, intake: IntakeStats, worker: WorkerCounts, *, retries: Callable[[], int]
+    ) -> None:
         self._intake = intake
         self._worker = worker
+        self._retries = retries
 
     def collect(self) -> Iterator[Any]:
         intake = self._intake
@@ -45,7 +49,8 @@ class WorkerCollector(Collector):
             ("unrouted", intake.unrouted, "Valid events no rule listens to."),
             ("handled", intake.handled, "Events (and signals) handed to the rule engine."),
             ("duplicates", intake.duplicates, "Events skipped as already seen (source, id)."),
-            ("retries", intake.retries, "Retries of an input the backend could not take yet."),
+            # The name predates the service owning retries; dashboards and alerts use it.
+            ("retries", self._retries(), "Backend calls retried while the backend refused."),
         ):
             family = CounterMetricFamily(f"tuneloop_intake_{name}", text)
             family.add_metric([], value)
@@ -74,7 +79,9 @@ class WorkerCollector(Collector):
         yield rules
 
 
-def serve(port: int, intake: IntakeStats, worker: WorkerCounts) -> None:
+def serve(
+    port: int, intake: IntakeStats, worker: WorkerCounts, *, retries: Callable[[], int]
+) -> None:
     """Register the worker's collector and serve `/metrics` on *port* (all interfaces)."""
-    REGISTRY.register(WorkerCollector(intake, worker))
+    REGISTRY.register(WorkerCollector(intake, worker, retries=retries))
     start_http_server(port)

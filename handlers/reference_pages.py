@@ -94,7 +94,6 @@ def _kubernetes() -> list[str]:
     manifest_fields = fields_of(manifests, "Settings")
     mapping = {
         "NAMESPACE": backend_fields["namespace"],
-        "LAUNCH_ATTEMPTS": backend_fields["launch_attempts"],
         "REQUEST_TIMEOUT": backend_fields["request_timeout"],
         "WATCH_TIMEOUT": backend_fields["watch_timeout"],
         "JOBSET_TIMEOUT": backend_fields["jobset_timeout"],

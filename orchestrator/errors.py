@@ -4,12 +4,15 @@
       ConfigError               refuse to start; `tuneloop check` exits 1
       InvalidEventError         dead-letter with a reason, commit, never retry
       BackendError
-        TransientBackendError   don't commit; retry with backoff (carries `delay`)
+        TransientBackendError   retry later: the service waits (at least `delay`) and calls
+                                the backend again, holding the key's partition uncommitted
         JobRejectedError        the backend refused the job for good: publish
                                 `finetune.failed`, record it, commit
 
 Adapters translate foreign exceptions into these and chain them (`raise ... from exc`).
-Only the consumer in `handlers/` maps an error to commit, retry or dead-letter.
+Retries have one owner, `orchestrator/service.py` (`RetryPolicy`): a backend tries once and
+raises `TransientBackendError`. The intake (`handlers/intake.py`) maps what is left to
+commit or dead-letter.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ class ConfigError(TuneloopError):
 class InvalidEventError(TuneloopError):
     """An input record can never be processed: send it to the dead-letter topic.
 
-    `code` is stable (documented in docs/reference/dead-letters.md) so that operators can
+    `code` is stable (documented in docs/dead-letters.md) so that operators can
     filter on it; `message` is for humans.
     """
 

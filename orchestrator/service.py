@@ -14,15 +14,25 @@ Why a crash anywhere loses nothing and doubles nothing:
 - a completion event is published before it is recorded, with an id derived from the job and
   the milestone: a replay publishes the *same* event again, which consumers dedupe on
   (source, id) — see `orchestrator/jobs/completion.py`.
+
+Retries have one owner, this module (`RetryPolicy`). A backend makes one attempt per call and
+says how long to wait (`TransientBackendError.delay`, e.g. the API server's `Retry-After`);
+the intake never retries a sink. Here is where the retry belongs because only here is known
+what may wait: the key's inputs stay in order while its partition waits, a launch replayed
+after the wait is still idempotent by its job name, and time comes from the injected `sleep`,
+so the whole policy is tested without a clock. Retrying in the backend as well multiplied the
+waits (5 attempts inside each of ours), and the intake's retry of the whole input could
+never run, since nothing retryable escapes `Orchestrator.handle`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -39,6 +49,8 @@ from orchestrator.rules.engine import JobFinished, KeyState, RuleSet
 
 log = structlog.get_logger("tuneloop.service")
 
+_Result = TypeVar("_Result")
+
 
 class KeyStateStore(Protocol):
     """The rule state of each key (a faust Table in production)."""
@@ -54,19 +66,18 @@ class KeyStateStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How long to keep retrying a launch the backend could not take right now.
+    """How long to wait between tries of a backend call that failed with
+    `TransientBackendError` (a launch, a cancel, counting the active jobs).
 
-    The default never gives up: a trigger that qualified must not be lost because the API
-    server was down for a while. The keyed partition waits meanwhile, which keeps the order
-    of decisions per key.
+    It never gives up: a trigger that qualified must not be lost because the API server was
+    down for a while. The keyed partition waits meanwhile, which keeps the order of decisions
+    per key.
     """
 
     initial_delay: float = 0.5
-    """Seconds before the first retry."""
+    """Seconds before the first retry, or the backend's `delay` when that is longer."""
     max_delay: float = 30.0
     """Seconds between retries at most (the delay doubles up to this)."""
-    max_attempts: int | None = None
-    """None: retry until it works."""
 
 
 class Orchestrator:
@@ -101,6 +112,8 @@ class Orchestrator:
         # Launches check the global job limit one at a time, so that two partitions of this
         # worker cannot both take the last free slot.
         self._slots = asyncio.Lock()
+        self.retries = 0
+        """Backend calls retried so far (a metric: the backend refuses or is unreachable)."""
 
     @property
     def rules(self) -> RuleSet:
@@ -215,7 +228,13 @@ class Orchestrator:
             await self._audit(record)
             if record.outcome is Outcome.CANCEL and record.job_name:
                 log.info("job_cancel", job=record.job_name, rule=record.rule, key=record.key)
-                await self._backend.cancel(JobRef(name=record.job_name, backend=""))
+                await self._retrying(
+                    functools.partial(
+                        self._backend.cancel, JobRef(name=record.job_name, backend="")
+                    ),
+                    "job_cancel_retry",
+                    job=record.job_name,
+                )
             elif (
                 record.outcome is Outcome.LAUNCH
                 and record.job is not None
@@ -259,13 +278,9 @@ class Orchestrator:
         delay = self._retry.initial_delay
         held = False
         while True:
-            try:
-                active = await self._backend.active_jobs()
-            except TransientBackendError as exc:
-                log.warning("job_slots_unknown", job=request.name, error=str(exc))
-                await self._sleep(max(delay, exc.delay))
-                delay = min(delay * 2, self._retry.max_delay)
-                continue
+            active = await self._retrying(
+                self._backend.active_jobs, "job_slots_unknown", job=request.name
+            )
             if request.name in active or engine.may_launch(self._rules, running=len(active)):
                 if held:
                     log.info("job_launch_released", job=request.name, active=len(active))
@@ -284,29 +299,32 @@ class Orchestrator:
             delay = min(delay * 2, self._retry.max_delay)
 
     async def _launch_now(self, request: TrainingRequest) -> bool:
+        try:
+            job = await self._retrying(
+                functools.partial(self._backend.launch, request),
+                "job_launch_retry",
+                job=request.name,
+            )
+        except JobRejectedError as exc:
+            log.error("job_rejected", job=request.name, reason=exc.reason, error=str(exc))
+            await self._completions.announce_rejection(request, exc, backend="")
+            return False
+        log.info("job_launched", job=job.name, rule=request.rule, key=request.key)
+        return True
+
+    async def _retrying(
+        self, call: Callable[[], Awaitable[_Result]], retry_event: str, **context: str
+    ) -> _Result:
+        """*call* until it does not raise `TransientBackendError` (see `RetryPolicy`)."""
         delay = self._retry.initial_delay
         attempt = 0
         while True:
             attempt += 1
             try:
-                job = await self._backend.launch(request)
+                return await call()
             except TransientBackendError as exc:
-                if self._retry.max_attempts is not None and attempt >= self._retry.max_attempts:
-                    raise
                 wait = max(delay, exc.delay)
-                log.warning(
-                    "job_launch_retry",
-                    job=request.name,
-                    attempt=attempt,
-                    wait_s=wait,
-                    error=str(exc),
-                )
+                self.retries += 1
+                log.warning(retry_event, attempt=attempt, wait_s=wait, error=str(exc), **context)
                 await self._sleep(wait)
                 delay = min(delay * 2, self._retry.max_delay)
-                continue
-            except JobRejectedError as exc:
-                log.error("job_rejected", job=request.name, reason=exc.reason, error=str(exc))
-                await self._completions.announce_rejection(request, exc, backend="")
-                return False
-            log.info("job_launched", job=job.name, rule=request.rule, key=request.key)
-            return True

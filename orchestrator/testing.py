@@ -47,15 +47,15 @@ class InMemoryBackend:
         self._runtimes = runtimes
         self._jobs: dict[str, _Job] = {}
         self._subscribers: list[asyncio.Queue[Observation]] = []
-        self._next_launch_error: BackendError | None = None
+        self._launch_errors: list[BackendError] = []
+        self._cancel_errors: list[BackendError] = []
         self.launch_calls = 0
         """How many times `launch` was called, replays included."""
 
     async def launch(self, request: TrainingRequest) -> JobRef:
         self.launch_calls += 1
-        if self._next_launch_error is not None:
-            error, self._next_launch_error = self._next_launch_error, None
-            raise error
+        if self._launch_errors:
+            raise self._launch_errors.pop(0)
         existing = self._jobs.get(request.name)
         if existing is not None:
             if existing.request.decision_id != request.decision_id:
@@ -77,6 +77,8 @@ class InMemoryBackend:
 
     async def cancel(self, job: JobRef) -> None:
         """Cancelled jobs fail with reason `Cancelled`; finished or unknown ones are left."""
+        if self._cancel_errors:
+            raise self._cancel_errors.pop(0)
         known = self._jobs.get(job.name)
         if known is None or known.phase.is_final:
             return
@@ -117,8 +119,12 @@ class InMemoryBackend:
         self._emit(job, phase, reason=reason, message=message, result=result)
 
     def fail_next_launch(self, error: BackendError) -> None:
-        """Make the next `launch` raise *error* (once)."""
-        self._next_launch_error = error
+        """Make the next `launch` raise *error* (once); calls queue up, one per launch."""
+        self._launch_errors.append(error)
+
+    def fail_next_cancel(self, error: BackendError) -> None:
+        """Make the next `cancel` raise *error* (once); calls queue up, one per cancel."""
+        self._cancel_errors.append(error)
 
     def phase_of(self, name: str) -> JobPhase | None:
         """The phase of job *name*, None if it was never launched."""

@@ -96,5 +96,10 @@ def register(app: typer.Typer) -> None:
             err=True,
         )
         if metrics_port is not None:
-            metrics.serve(metrics_port, worker.intake.stats, worker.counts)
+            metrics.serve(
+                metrics_port,
+                worker.intake.stats,
+                worker.counts,
+                retries=lambda: worker.orchestrator.retries,
+            )
         faust.Worker(worker.app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()

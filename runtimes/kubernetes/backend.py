@@ -5,8 +5,9 @@ API server only through `CustomObjectsApi` (the synchronous kubernetes client, e
 wrapped in `asyncio.to_thread`), so it needs nothing but the Trainer CRDs.
 
 * `launch` - pick the runtime (`catalog.py`), build the TrainJob (`manifests.py`), create it.
-  5xx/429/timeouts are retried with exponential backoff, then raised as
-  `TransientBackendError`; 4xx is raised at once as `JobRejectedError` with the API server's
+  One attempt: 5xx/429/timeouts are raised as `TransientBackendError` carrying the server's
+  `Retry-After` (or `backoff_initial`), and the service retries (`orchestrator/service.py`
+  owns retries); 4xx is raised at once as `JobRejectedError` with the API server's
   message. `409 AlreadyExists` for a TrainJob with our labels and the same decision id is the
   same job (a replayed decision, or a create whose answer was lost); anything else by that
   name is a clear error.
@@ -63,12 +64,12 @@ class BackendSettings:
 
     namespace: str = "default"
     """Namespace the TrainJobs are created in (and watched)."""
-    launch_attempts: int = 5
-    """Tries of one create before a transient failure is handed back to the consumer."""
     backoff_initial: float = 0.5
-    """Seconds before the first retry; doubled each time."""
+    """Seconds to wait after a failed call when the API server named no `Retry-After`: the
+    `delay` of a failed create (the service retries it), and the first wait of the watch loop
+    (doubled each time)."""
     backoff_max: float = 8.0
-    """Upper bound of one backoff wait, seconds."""
+    """Upper bound of one watch-loop backoff wait, seconds."""
     request_timeout: float = 15.0
     """Seconds one API call may take before it counts as a transient failure."""
     watch_timeout: int = 60
@@ -96,7 +97,7 @@ def settings_from_env(environ: Mapping[str, str]) -> BackendSettings:
     """`BackendSettings` from `TUNELOOP_KUBERNETES_*` variables (the Helm chart sets them).
 
     NAMESPACE, TRAINER_IMAGE, OUTPUT_BASE_URI, DATASET_SECRET, MODEL_SECRET (text);
-    JOBSET_TIMEOUT, REQUEST_TIMEOUT (seconds); WATCH_TIMEOUT, LAUNCH_ATTEMPTS (integers).
+    JOBSET_TIMEOUT, REQUEST_TIMEOUT (seconds); WATCH_TIMEOUT (an integer).
     Unset ones keep their defaults.
 
     Raises:
@@ -122,7 +123,6 @@ def settings_from_env(environ: Mapping[str, str]) -> BackendSettings:
     built = defaults.manifests
     return BackendSettings(
         namespace=text("NAMESPACE", defaults.namespace),
-        launch_attempts=number("LAUNCH_ATTEMPTS", defaults.launch_attempts, int),
         request_timeout=number("REQUEST_TIMEOUT", defaults.request_timeout, float),
         watch_timeout=number("WATCH_TIMEOUT", defaults.watch_timeout, int),
         jobset_timeout=number("JOBSET_TIMEOUT", defaults.jobset_timeout, float),
@@ -238,39 +238,36 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             request, namespace=self.namespace, runtime=runtime, settings=self._settings.manifests
         )
         doing = f"create TrainJob {self.namespace}/{request.name}"
-        delay = self._settings.backoff_initial
-        for attempt in range(1, self._settings.launch_attempts + 1):
-            try:
-                await self._call(
-                    self._api.create_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    manifests.PLURAL,
-                    body,
-                )
-            except ApiException as exc:
-                if exc.status == 409:
-                    if await self._is_same_job(request):
-                        log.info("job_already_launched", job=request.name, attempt=attempt)
-                        return self._ref(request.name)
-                    continue  # deleted between the 409 and the read: create again
-                error = translate(exc, doing=doing, retry_delay=delay)
-            except Exception as exc:
-                error = translate(exc, doing=doing, retry_delay=delay)
-            else:
-                log.info("job_launched", job=request.name, runtime=runtime.reference)
-                return self._ref(request.name)
-            if not isinstance(error, TransientBackendError):
-                log.warning("job_rejected", job=request.name, error=str(error))
-                raise error
-            if attempt == self._settings.launch_attempts:
-                raise error
-            # error.delay is the server's Retry-After when it sent one, else our backoff.
-            log.info("job_launch_retry", job=request.name, attempt=attempt, delay=error.delay)
-            await self._sleep(error.delay)
-            delay = min(delay * 2, self._settings.backoff_max)
-        raise TransientBackendError(f"{doing}: gave up", delay=delay)  # pragma: no cover
+        # One attempt: the service owns retries (orchestrator/service.py, RetryPolicy).
+        try:
+            await self._call(
+                self._api.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                manifests.PLURAL,
+                body,
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                if await self._is_same_job(request):
+                    log.info("job_already_launched", job=request.name)
+                    return self._ref(request.name)
+                raise TransientBackendError(
+                    f"{doing}: a TrainJob of that name was deleted between our create and our "
+                    "read; create again",
+                    delay=self._settings.backoff_initial,
+                ) from exc
+            error = translate(exc, doing=doing, retry_delay=self._settings.backoff_initial)
+        except Exception as exc:
+            error = translate(exc, doing=doing, retry_delay=self._settings.backoff_initial)
+        else:
+            log.info("job_launched", job=request.name, runtime=runtime.reference)
+            return self._ref(request.name)
+        if not isinstance(error, TransientBackendError):
+            log.warning("job_rejected", job=request.name, error=str(error))
+        # error.delay is the server's Retry-After when it sent one, else backoff_initial.
+        raise error
 
     async def _is_same_job(self, request: TrainingRequest) -> bool:
         """After a 409: True if the existing TrainJob is this decision's, raise if foreign."""

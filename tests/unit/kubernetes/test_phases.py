@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.jobs.model import JobPhase
-from runtimes.kubernetes.backend import BackendSettings, phase_of, settings_from_env
+from runtimes.kubernetes.backend import phase_of, settings_from_env
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 CREATED = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -103,7 +103,7 @@ def test_settings_come_from_tuneloop_kubernetes_variables():
     assert settings.manifests.image == "registry.local/trainer:2"
     assert settings.jobset_timeout == 90.0
     assert settings.manifests.model_secret == "hf-token"
-    assert settings.launch_attempts == BackendSettings().launch_attempts
+    assert settings.watch_timeout == 60  # unset: the default
 
 
 @pytest.mark.parametrize("raw", ["soon", "0", "-5"])

@@ -177,6 +177,48 @@ async def test_a_launch_is_retried_while_the_backend_is_unavailable():
     assert len(world.backend.job_names) == 1
 
 
+async def test_a_launch_the_backend_keeps_refusing_waits_longer_each_time_and_never_gives_up():
+    world = World()
+    orch = world.orchestrator()
+    for _ in range(4):
+        world.backend.fail_next_launch(TransientBackendError("api server down", delay=0.05))
+    await feed(orch, drift(1))
+    assert await feed(orch, drift(2)) == [Outcome.LAUNCH]
+
+    # the policy's 0.1 s doubles; the backend's shorter 0.05 s never shortens a wait
+    assert world.sleeps == [0.1, 0.2, 0.4, 0.8]
+    assert (world.backend.launch_calls, orch.retries) == (5, 4)
+
+
+async def test_a_wait_the_backend_asks_for_is_kept_when_longer_than_the_policys():
+    world = World()
+    orch = world.orchestrator()
+    world.backend.fail_next_launch(TransientBackendError("429", delay=3.0))
+    await feed(orch, drift(1))
+    await feed(orch, drift(2))
+
+    assert world.sleeps == [3.0]
+
+
+REPLACING = RULES.replace("concurrency: forbid", "concurrency: replace")
+
+
+async def test_a_cancel_is_retried_while_the_backend_is_unavailable():
+    world = World(REPLACING)
+    orch = world.orchestrator()
+    await feed(orch, drift(1))
+    await feed(orch, drift(2))
+    (first,) = world.backend.job_names
+    world.backend.fail_next_cancel(TransientBackendError("api server down", delay=0.1))
+
+    await feed(orch, drift(3))
+    outcomes = await feed(orch, drift(4))  # a second window: the new job replaces the first
+
+    assert Outcome.CANCEL in outcomes
+    assert world.backend.phase_of(first) is JobPhase.FAILED
+    assert world.sleeps == [0.1]
+
+
 async def test_a_refused_launch_publishes_a_failure_and_frees_the_key():
     world = World()
     orch = world.orchestrator()
