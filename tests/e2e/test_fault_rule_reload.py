@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faust.contrib.asgi import faust_app_running
+from structlog.testing import capture_logs
 
 from handlers.app import Worker, build_worker
 from handlers.codec import KafkaRecord, decode_record, encode_event
@@ -98,6 +99,11 @@ def version_of(text: str, tmp: Path) -> str:
     probe = tmp / f"probe-{uuid.uuid4().hex[:6]}.yaml"
     probe.write_text(text)
     return loading.load_rules([probe]).rules[0].version
+
+
+def rejections(logs: list[MutableMapping[str, Any]]) -> int:
+    """How many times the reloader has refused a rule file so far."""
+    return sum(1 for entry in logs if entry.get("event") == "rules_reload_rejected")
 
 
 def replace_atomically(path: Path, text: str) -> None:
@@ -205,30 +211,43 @@ async def test_a_valid_rule_file_takes_effect_mid_stream_and_invalid_ones_never_
     await producer.start()
     stream = Stream(producer, topics["in"])
     try:
-        async with faust_app_running(app, stop_timeout=30):
-            await stream.send(EVENTS_PER_PHASE)
-            replace_atomically(rules, V2)
-            sending = asyncio.ensure_future(stream.send(EVENTS_PER_PHASE))
-            await until(lambda: in_force() == versions["v2"], what="v2 to take effect")
-            stream.mark("v2")
-            await sending
-            for name, text in INVALID.items():
-                if name == "half-written":
-                    rules.write_text(text)  # in place, as a careless editor would
-                else:
-                    replace_atomically(rules, text)
-                await stream.send(EVENTS_PER_PHASE // len(INVALID))
-                await asyncio.sleep(3 * RELOAD_INTERVAL)  # the reloader has seen it
-                assert in_force() == versions["v2"], f"invalid file {name} took effect"
-            replace_atomically(rules, V3)
-            await until(lambda: in_force() == versions["v3"], what="v3 to take effect")
-            stream.mark("v3")
-            await stream.send(EVENTS_PER_PHASE)
-            await until(
-                lambda: stats.handled == stream.sent,
-                what=f"every event to be handled ({stats.handled}/{stream.sent})",
-            )
-            crash = app._crash_reason
+        # The reloader's log lines are how the test knows it read each file (structlog's
+        # capture, as STYLE.md says tests assert on logs).
+        with capture_logs() as logs:
+            async with faust_app_running(app, stop_timeout=30):
+                await stream.send(EVENTS_PER_PHASE)
+                replace_atomically(rules, V2)
+                sending = asyncio.ensure_future(stream.send(EVENTS_PER_PHASE))
+                await until(lambda: in_force() == versions["v2"], what="v2 to take effect")
+                stream.mark("v2")
+                await sending
+                for name, text in INVALID.items():
+                    rejected = rejections(logs)
+                    if name == "half-written":
+                        rules.write_text(text)  # in place, as a careless editor would
+                    else:
+                        replace_atomically(rules, text)
+                    # Counted, not slept for: the reloader has read this file and said no...
+                    await until(
+                        lambda before=rejected: rejections(logs) > before,
+                        what=f"the reloader to reject the {name} file",
+                    )
+                    # ...and the worker has decided every event sent after that.
+                    await stream.send(EVENTS_PER_PHASE // len(INVALID))
+                    await until(
+                        lambda: stats.handled == stream.sent,
+                        what=f"the events sent after the {name} file to be decided",
+                    )
+                    assert in_force() == versions["v2"], f"invalid file {name} took effect"
+                replace_atomically(rules, V3)
+                await until(lambda: in_force() == versions["v3"], what="v3 to take effect")
+                stream.mark("v3")
+                await stream.send(EVENTS_PER_PHASE)
+                await until(
+                    lambda: stats.handled == stream.sent,
+                    what=f"every event to be handled ({stats.handled}/{stream.sent})",
+                )
+                crash = app._crash_reason
     finally:
         await producer.stop()
     decisions = await read_decisions(kafka_bootstrap, topics["audit"], stream.sent)
