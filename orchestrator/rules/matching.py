@@ -1,0 +1,78 @@
+"""Matching: which rules an event reaches, and under which key.
+
+A rule reaches an event through its `on` selector or one of its joins (each a `Trigger`): the
+event's type and source must match, its `where` must be true, and its key expression must give
+a non-empty string. `engine.route` asks this of every event to repartition it by key;
+`engine.evaluate` asks it again for the key it was routed to, so both always agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from orchestrator.events import CloudEvent
+from orchestrator.rules.expressions import Activation, EvaluationError, event_variables
+from orchestrator.rules.model import RuleSet, Trigger, accepts_source
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A trigger whose type and source accept an event: under which key, or why it could not
+    tell (then `key` is None and `error` says what went wrong)."""
+
+    trigger: Trigger
+    key: str | None
+    error: str | None = None
+
+
+def activation(rules: RuleSet, event: CloudEvent, *, time: datetime) -> Activation:
+    """What the rule set's expressions see of *event*, with *time* when it has none.
+
+    CEL, when an expression needs it, sees only the data fields the rule set reads.
+    """
+    variables = event_variables(event, time=time, data_fields=None)
+    return Activation({"event": variables}, data_fields=rules.data_fields.get(event.type))
+
+
+def matches(rules: RuleSet, event: CloudEvent, *, time: datetime) -> tuple[Match, ...]:
+    """Every trigger of *rules* that accepts *event*, with its key or its error."""
+    triggers = rules.by_type.get(event.type, ())
+    seen = activation(rules, event, time=time)
+    found = []
+    for trigger in triggers:
+        if accepts_source(trigger.sources, event.source):
+            match = _match(trigger, seen)
+            if match is not None:
+                found.append(match)
+    return tuple(found)
+
+
+def _match(trigger: Trigger, seen: Activation) -> Match | None:
+    """Whether *trigger* (whose type and source accept the event) accepts it, and under which
+    key (or why it could not tell); None when its `where` is false."""
+    where = trigger.where
+    if where is not None:
+        try:
+            accepted = where.evaluate(seen)
+        except EvaluationError as exc:
+            return Match(trigger, None, f"where: {exc}")
+        if accepted is False:
+            return None
+        if accepted is not True:
+            return Match(trigger, None, f"where gave {accepted!r}, not a bool")
+    try:
+        key = trigger.key.evaluate(seen)
+    except EvaluationError as exc:
+        return Match(trigger, None, f"key: {exc}")
+    if not isinstance(key, str) or not key:
+        return Match(trigger, None, f"key gave {key!r}, not a non-empty string")
+    return Match(trigger, key)
+
+
+def rules_for_key(
+    rules: RuleSet, event: CloudEvent, *, key: str, time: datetime
+) -> tuple[str, ...]:
+    """The names of the rules that reach *event* under *key*, each once, in rule-set order."""
+    names = {m.trigger.rule.name: None for m in matches(rules, event, time=time) if m.key == key}
+    return tuple(names)
