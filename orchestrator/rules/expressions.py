@@ -2,13 +2,15 @@
 
 `parsing.py` compiles every `where`, `key`, `sum.of`, join key and `${ }` template through
 `compile_expression`, which also does the static checks `tuneloop check` reports (syntax,
-unknown variables, obvious type errors). `engine.py` builds one `Activation` per event and
-evaluates every expression of every relevant rule against it.
+unknown variables, obvious type errors). `matching.py` builds one `Activation` per event and
+evaluates the `where`, key and `sum.of` of every relevant rule against it; `rendering.py`
+builds one per launch for its templates.
 
-Two measured speed-ups (see bench/engine.py): expressions in the simple subset (paths,
-literals, comparisons, `&&`, `||`, `!`) are evaluated in Python by `fastpath.py` with CEL's
-semantics, and the CEL context is built only when some expression needs CEL; that context
-holds only the parts of `event.data` that some expression of the rule set reads.
+Expressions in the simple subset (paths, literals, comparisons, `&&`, `||`, `!`) are
+evaluated in Python by `fastpath.py` with CEL's semantics; the CEL context, which costs far
+more to build than evaluating such an expression (see docs/performance.md), is built only when
+some expression needs CEL, and holds only the parts of `event.data` that some expression of
+the rule set reads.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """A Python evaluator for the common, simple subset of CEL, with CEL's semantics.
 
-Measured (bench/engine.py): handing one event to the `common-expression-language` package
-costs about 100 µs to build its context plus about 7 µs per evaluation, which alone is several
-times `json.loads` of the event. Most rule expressions are field paths, literals, comparisons
-and `&&`/`||`/`!`; `expressions.compile_expression` compiles those with `compile_simple` into
-closures over plain Python values and falls back to CEL for everything else (functions,
-arithmetic, macros, lists, maps). `tests/unit/rules/test_fastpath.py` checks, with
-hypothesis, that both give the same value or both fail.
+Most rule expressions are field paths, literals, comparisons and `&&`/`||`/`!`.
+`expressions.compile_expression` compiles those with `compile_simple` into closures over plain
+Python values and leaves everything else (functions, arithmetic, macros, lists, maps) to the
+`common-expression-language` package, whose per-event context is what this saves building (see
+docs/performance.md). `tests/unit/rules/test_fastpath.py` checks, with hypothesis, that both
+give the same value or both fail.
 
 CEL semantics kept: a missing field is an error; `&&` and `||` absorb an error on either side
 when the other side decides; comparing values of different kinds is an error for `<`, `<=`,
@@ -69,7 +68,7 @@ def compile_simple(source: str) -> Evaluator | None:
         evaluator = parser.expression()
         if parser.position != len(parser.tokens):
             return None
-        return _direct(evaluator)
+        return evaluator
     except _UnsupportedError:
         return None
 
@@ -173,8 +172,18 @@ def _string(text: str) -> str:
     return re.sub(r"\\([\"\\'])", r"\1", body)
 
 
+def _field(container: Any, name: str) -> Any:
+    """`container.name` as CEL selects it: a map's entry, or the error CEL gives."""
+    if not isinstance(container, Mapping):
+        raise FastPathError(f"no such field {name!r}")
+    try:
+        return container[name]
+    except KeyError:
+        raise FastPathError(f"no such field {name!r}") from None
+
+
 class _Path:
-    """`a.b['c'].d` while parsing; `_direct` turns it into one closure that walks the path."""
+    """`a.b['c'].d`: a variable and the fields selected from it, walked one field at a time."""
 
     __slots__ = ("names",)
 
@@ -182,22 +191,17 @@ class _Path:
         self.names = names
 
     def __call__(self, variables: Mapping[str, Any]) -> Any:
-        names = self.names
-        value: Any = variables
-        for index, name in enumerate(names):
-            if type(value) is not dict and not isinstance(value, Mapping):
-                raise FastPathError(f"no such field {name!r}")
-            try:
-                value = value[name]
-            except KeyError:
-                if index == 0:
-                    raise FastPathError(f"undeclared reference to {name!r}") from None
-                raise FastPathError(f"no such field {name!r}") from None
+        first, *rest = self.names
+        if first not in variables:
+            raise FastPathError(f"undeclared reference to {first!r}")
+        value = variables[first]
+        for name in rest:
+            value = _field(value, name)
         return value
 
 
 class _Literal:
-    """A constant while parsing, so that comparisons with it can be specialised."""
+    """A constant."""
 
     __slots__ = ("value",)
 
@@ -208,49 +212,6 @@ class _Literal:
         return self.value
 
 
-_MISSING = object()
-
-
-def _direct(evaluator: Evaluator) -> Evaluator:
-    """The fastest equivalent of *evaluator*: a path walked with plain `dict.get`s that hands
-    anything unusual (a missing field, a container that is not a dict) to the exact walk, which
-    gives the same value or raises the same error; a literal as a bare closure."""
-    if isinstance(evaluator, _Literal):
-        constant = evaluator.value
-        return lambda _: constant
-    if not isinstance(evaluator, _Path):
-        return evaluator
-    exact = evaluator
-    names = exact.names
-    if len(names) == 1:
-        (only,) = names
-
-        def one(variables: Mapping[str, Any]) -> Any:
-            if type(variables) is dict:
-                value = variables.get(only, _MISSING)
-                if value is not _MISSING:
-                    return value
-            return exact(variables)
-
-        return one
-    if len(names) == 3:
-        first, second, third = names
-
-        def three(variables: Mapping[str, Any]) -> Any:
-            if type(variables) is dict:
-                outer = variables.get(first)
-                if type(outer) is dict:
-                    inner = outer.get(second)
-                    if type(inner) is dict:
-                        value = inner.get(third, _MISSING)
-                        if value is not _MISSING:
-                            return value
-            return exact(variables)
-
-        return three
-    return exact
-
-
 def _variable(name: str) -> Evaluator:
     return _Path((name,))
 
@@ -258,21 +219,7 @@ def _variable(name: str) -> Evaluator:
 def _select(target: Evaluator, name: str) -> Evaluator:
     if isinstance(target, _Path):
         return _Path((*target.names, name))
-    target = _direct(target)
-
-    def value(variables: Mapping[str, Any]) -> Any:
-        container = target(variables)
-        if not isinstance(container, Mapping):
-            raise FastPathError(f"no such field {name!r}")
-        try:
-            return container[name]
-        except KeyError:
-            raise FastPathError(f"no such field {name!r}") from None
-
-    return value
-
-
-_SIMPLE = frozenset({int, float, str})
+    return lambda variables: _field(target(variables), name)
 
 
 def _kind(value: Any) -> str:  # noqa: PLR0911 - one return per CEL kind
@@ -292,8 +239,6 @@ def _kind(value: Any) -> str:  # noqa: PLR0911 - one return per CEL kind
 
 
 def _equal(left: Any, right: Any) -> bool:
-    if type(left) in _SIMPLE and type(right) in _SIMPLE:
-        return (type(left) is str) == (type(right) is str) and bool(left == right)
     kind = _kind(left)
     if kind != _kind(right):
         return False
@@ -302,98 +247,25 @@ def _equal(left: Any, right: Any) -> bool:
     return bool(left == right)
 
 
-def _field(evaluator: Evaluator) -> tuple[_Path, str, str, str] | None:
-    """The path and its names when *evaluator* is `a.b.c` (`event.data.x`): comparisons of
-    such a field with a literal walk the path themselves, one call instead of two."""
-    if isinstance(evaluator, _Path) and len(evaluator.names) == 3:
-        first, second, third = evaluator.names
-        return evaluator, first, second, third
-    return None
-
-
 def _ordered(operator: Callable[[Any, Any], bool]) -> Callable[[Evaluator, Evaluator], Evaluator]:
     def compare(a: Any, b: Any) -> bool:
-        if type(a) in _SIMPLE and type(b) in _SIMPLE and (type(a) is str) == (type(b) is str):
-            return operator(a, b)
         kind = _kind(a)
         if kind != _kind(b) or kind in ("null", "other"):
             raise FastPathError("no such overload")
         return operator(a, b)
 
     def build(left: Evaluator, right: Evaluator) -> Evaluator:
-        if isinstance(right, _Literal) and type(right.value) in (int, float):
-            # `field > 0.5`: a number on the left compares directly, anything else as above.
-            number = right.value
-            field = _field(left)
-            if field is not None:
-                exact, first, second, third = field
-
-                def field_with_number(variables: Mapping[str, Any]) -> bool:
-                    if type(variables) is dict:
-                        outer = variables.get(first)
-                        if type(outer) is dict:
-                            inner = outer.get(second)
-                            if type(inner) is dict:
-                                a = inner.get(third)
-                                if type(a) is int or type(a) is float:
-                                    return operator(a, number)
-                    return compare(exact(variables), number)
-
-                return field_with_number
-            get = _direct(left)
-
-            def with_number(variables: Mapping[str, Any]) -> bool:
-                a = get(variables)
-                if type(a) is int or type(a) is float:
-                    return operator(a, number)
-                return compare(a, number)
-
-            return with_number
-        left, right = _direct(left), _direct(right)
         return lambda variables: compare(left(variables), right(variables))
 
     return build
 
 
-def _with_text(left: Evaluator, text: str, *, equal: bool) -> Evaluator:
-    """`left == 'text'` (or `!=` when not *equal*), a string on the left compared directly."""
-    field = _field(left)
-    if field is not None:
-        exact, first, second, third = field
-
-        def field_with_text(variables: Mapping[str, Any]) -> bool:
-            if type(variables) is dict:
-                outer = variables.get(first)
-                if type(outer) is dict:
-                    inner = outer.get(second)
-                    if type(inner) is dict:
-                        a = inner.get(third)
-                        if type(a) is str:
-                            return (a == text) is equal
-            return _equal(exact(variables), text) is equal
-
-        return field_with_text
-    get = _direct(left)
-
-    def with_text(variables: Mapping[str, Any]) -> bool:
-        a = get(variables)
-        return (a == text if type(a) is str else _equal(a, text)) is equal
-
-    return with_text
-
-
 def _eq(left: Evaluator, right: Evaluator) -> Evaluator:
-    if isinstance(right, _Literal) and type(right.value) is str:
-        return _with_text(left, right.value, equal=True)
-    left, right = _direct(left), _direct(right)
     return lambda variables: _equal(left(variables), right(variables))
 
 
 def _ne(left: Evaluator, right: Evaluator) -> Evaluator:
-    if isinstance(right, _Literal) and type(right.value) is str:
-        return _with_text(left, right.value, equal=False)
-    equal = _eq(left, right)
-    return lambda variables: not equal(variables)
+    return lambda variables: not _equal(left(variables), right(variables))
 
 
 _COMPARE: Mapping[str, Callable[[Evaluator, Evaluator], Evaluator]] = {
@@ -418,22 +290,10 @@ def _boolean(evaluator: Evaluator, variables: Mapping[str, Any]) -> bool | FastP
 
 
 def _and(left: Evaluator, right: Evaluator) -> Evaluator:
-    left, right = _direct(left), _direct(right)
-
     def value(variables: Mapping[str, Any]) -> bool:
-        try:
-            a: bool | FastPathError = left(variables)
-        except FastPathError as exc:
-            a = exc
+        a = _boolean(left, variables)
         if a is False:
             return False
-        if a is True:  # the common case: the right side decides, its error is the error
-            b = right(variables)
-            if b is True or b is False:
-                return b
-            raise FastPathError("no such overload")
-        if not isinstance(a, FastPathError):
-            a = FastPathError("no such overload")
         b = _boolean(right, variables)
         if b is False:
             return False
@@ -447,22 +307,10 @@ def _and(left: Evaluator, right: Evaluator) -> Evaluator:
 
 
 def _or(left: Evaluator, right: Evaluator) -> Evaluator:
-    left, right = _direct(left), _direct(right)
-
     def value(variables: Mapping[str, Any]) -> bool:
-        try:
-            a: bool | FastPathError = left(variables)
-        except FastPathError as exc:
-            a = exc
+        a = _boolean(left, variables)
         if a is True:
             return True
-        if a is False:  # the common case: the right side decides, its error is the error
-            b = right(variables)
-            if b is True or b is False:
-                return b
-            raise FastPathError("no such overload")
-        if not isinstance(a, FastPathError):
-            a = FastPathError("no such overload")
         b = _boolean(right, variables)
         if b is True:
             return True
@@ -476,8 +324,6 @@ def _or(left: Evaluator, right: Evaluator) -> Evaluator:
 
 
 def _not(operand: Evaluator) -> Evaluator:
-    operand = _direct(operand)
-
     def value(variables: Mapping[str, Any]) -> bool:
         result = operand(variables)
         if not isinstance(result, bool):

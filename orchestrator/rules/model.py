@@ -1,6 +1,7 @@
 """What a rule file means, as frozen values: rules, their triggers and launch templates.
 
-Built only by `parsing.py` (from the YAML that `loading.py` reads); read by `engine.py`.
+Built only by `parsing.py` (from the YAML that `loading.py` reads); read by the engine
+(`engine.py` and the modules beside it).
 Every expression in here is already compiled and every duration already parsed, so the engine
 never meets rule-file text.
 """

@@ -1,9 +1,9 @@
 """`${ CEL }` interpolation in launch specs, and the type checks on what it produces.
 
-`parsing.py` turns each launch value into a `Template`; `engine.py` renders the launch spec of
-a firing rule with `render_launch`, which returns plain, type-checked values for
-`TrainingRequest`. Templates produce data only: the launch spec has no field that names an
-image or a command, and a rendered `runtime` must be in the rule file's allowlist.
+`parsing.py` turns each launch value into a `Template`; `rendering.py` renders the launch spec
+of a firing rule with `Template.render` and `check_value`, which give plain, type-checked
+values for `TrainingRequest`. Templates produce data only: the launch spec has no field that
+names an image or a command, and a rendered `runtime` must be in the rule file's allowlist.
 """
 
 from __future__ import annotations
