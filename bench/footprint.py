@@ -36,9 +36,9 @@ from pathlib import Path
 
 from faust.contrib.asgi import faust_app_running
 
-from handlers.app import BackendKind, build_worker, make_backend
+from handlers.app import build_worker, make_backend
 from orchestrator.clock import SystemClock
-from orchestrator.settings import KafkaSettings, Settings
+from orchestrator.settings import KafkaSettings, Settings, WorkerSettings
 
 def rss_kib():
     for line in open("/proc/self/status"):
@@ -52,8 +52,8 @@ async def main(bootstrap, workdir, tag):
     settings = Settings(kafka=KafkaSettings(
         bootstrap=bootstrap, topics_in=(f"fp-in-{tag}",), topic_out=f"fp-out-{tag}",
         topic_audit=f"fp-audit-{tag}", topic_dlq=f"fp-dlq-{tag}", group_id=f"fp-{tag}",
-        internal_partitions=2))
-    backend = make_backend(BackendKind.LOCAL, clock=clock, local_root=Path(workdir) / "jobs")
+        internal_partitions=2), worker=WorkerSettings(local_root=Path(workdir) / "jobs"))
+    backend = make_backend(settings, clock=clock)
     worker = build_worker(settings, rule_paths=[rules], backend=backend, clock=clock,
                           topic_replication_factor=1)
     app = worker.app

@@ -1,7 +1,11 @@
 """The composition root: one tuneloop worker, wired from settings, rules and a backend.
 
-`tuneloop run` and `tuneloop demo` build a worker here; tests build one in-process and run it
-with `faust.contrib.asgi.faust_app_running`. Nothing else in the tree wires adapters together.
+`tuneloop run` builds and runs a worker here (`make_backend`, `build_worker`, `run_worker`);
+tests build one in-process and run it with `faust.contrib.asgi.faust_app_running`. Nothing
+else in the tree wires adapters together, and no other module of `handlers/` imports
+`runtimes/` (import-linter holds this: `.importlinter`). `build_worker` constructs in order,
+each part from the ones before it: the faust App (`handlers/faust_app.py`) → the publisher →
+the Tables → the orchestrator → the agents and timers that feed it.
 
 What runs inside one worker (one faust app, one consumer group):
 
@@ -20,19 +24,25 @@ What runs inside one worker (one faust app, one consumer group):
 from __future__ import annotations
 
 import asyncio
-import enum
-import os
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, TextIO, cast
 
 import faust
 import structlog
 
+from handlers import metrics
 from handlers.codec import EncodingMode, RecordInfo, encode_event
-from handlers.intake import FORWARD_HEADERS, Intake, build_intake
+from handlers.faust_app import new_app
+from handlers.intake import (
+    FORWARD_HEADERS,
+    Intake,
+    install_intake,
+    seen_events,
+)
 from handlers.metrics import WorkerCounts
 from handlers.rules_reloading import RulesReloader
 from orchestrator import signals
@@ -47,7 +57,7 @@ from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs, TrainingB
 from orchestrator.rules import engine, loading
 from orchestrator.rules.engine import KeyState, RuleSet
 from orchestrator.service import Orchestrator
-from orchestrator.settings import KafkaSettings, Settings
+from orchestrator.settings import BackendKind, KafkaSettings, Settings
 from orchestrator.vocabulary.registry import SchemaRegistry
 
 log = structlog.get_logger("tuneloop.worker")
@@ -187,38 +197,67 @@ class Worker:
 def build_worker(
     settings: Settings,
     *,
-    rule_paths: Sequence[str | Path],
     backend: TrainingBackend,
+    rule_paths: Sequence[str | Path] | None = None,
     clock: Clock | None = None,
     registry: SchemaRegistry | None = None,
     tick_interval: float = 1.0,
     reload_interval: float = 2.0,
     **faust_options: Any,
 ) -> Worker:
-    """Wire a worker.
+    """Wire a worker, in construction order (see the module docstring).
+
+    Args:
+        settings: the process settings (`Settings.from_env()`, maybe with CLI overrides).
+        backend: where training runs (`make_backend(settings, clock=...)`, or a fake).
+        rule_paths: rule files or directories; `settings.worker.rules` when omitted.
+        clock: the time; the system clock when omitted.
+        registry: schemas of known event types; the built-in vocabulary when omitted.
+        tick_interval: seconds between looks for due timers.
+        reload_interval: seconds between looks for changed rule files.
+        **faust_options: passed to `faust.App` (e.g. `broker_commit_interval` in tests).
 
     Raises:
-        ConfigError: the rule files are invalid (the worker refuses to start).
+        ConfigError: the rule files are invalid or none are named (refuse to start).
     """
     clock = clock or SystemClock()
     kafka = settings.kafka
-    rules = loading.load_rules(rule_paths)
-    holder: dict[str, Orchestrator] = {}
-    worker_tasks: set[asyncio.Task[None]] = set()
+    paths = tuple(rule_paths) if rule_paths is not None else settings.worker.rules
+    if not paths:
+        raise ConfigError("no rule files: pass --rules or set TUNELOOP_RULES")
+    rules = loading.load_rules(paths)
     counts = WorkerCounts(rules_version=rules.version)
 
+    app = new_app(kafka, **faust_options)
+    publisher = FaustTopicPublisher(app, kafka)
+    partitions = kafka.internal_partitions
+    states = TableKeyStates(app.Table(RULE_STATE_TABLE, default=None, partitions=partitions))
+    completions = TableCompletions(app.Table(JOBS_TABLE, default=None, partitions=partitions))
+    seen = seen_events(app, kafka)
+    orchestrator = Orchestrator(
+        rules=rules,
+        backend=backend,
+        publisher=publisher,
+        states=states,
+        completions=completions,
+        clock=clock,
+        audit_topic=kafka.topic_audit,
+        output_topic=kafka.topic_out,
+    )
+    worker_tasks: set[asyncio.Task[None]] = set()
+
     def router(event: CloudEvent) -> tuple[str, ...]:
-        current = holder["orchestrator"].rules
+        current = orchestrator.rules
         if engine.routing_errors(current, event, now=clock.now()):
             # Rules that could not evaluate the event leave an `error` record in the audit
             # topic: the answer to "why did this event do nothing?".
-            task = asyncio.ensure_future(_audit_routing_errors(holder["orchestrator"], event))
+            task = asyncio.ensure_future(_audit_routing_errors(orchestrator, event))
             worker_tasks.add(task)
             task.add_done_callback(worker_tasks.discard)
         return tuple(dict.fromkeys(route.key for route in engine.route(current, event)))
 
     async def sink(key: str, event: CloudEvent, info: RecordInfo) -> None:
-        records = await holder["orchestrator"].handle(
+        records = await orchestrator.handle(
             key,
             event,
             arrived_at=info.timestamp,
@@ -232,39 +271,24 @@ def build_worker(
         # observation or a tick. Other types without a schema pass only if a rule listens.
         if signals.is_internal(event_type):
             return False
-        return event_type in holder["orchestrator"].rules.by_type
+        return event_type in orchestrator.rules.by_type
 
-    intake = build_intake(
-        settings,
+    intake = install_intake(
+        app,
+        kafka,
+        seen=seen,
         router=router,
         sink=sink,
         registry=registry,
         accepts_unknown_type=accepts_unknown_type,
         clock=clock,
-        **faust_options,
     )
-    app = intake.app
-    publisher = FaustTopicPublisher(app, kafka)
-    partitions = kafka.internal_partitions
-    states = TableKeyStates(app.Table(RULE_STATE_TABLE, default=None, partitions=partitions))
-    completions = TableCompletions(app.Table(JOBS_TABLE, default=None, partitions=partitions))
-    orchestrator = Orchestrator(
-        rules=rules,
-        backend=backend,
-        publisher=publisher,
-        states=states,
-        completions=completions,
-        clock=clock,
-        audit_topic=kafka.topic_audit,
-        output_topic=kafka.topic_out,
-    )
-    holder["orchestrator"] = orchestrator
 
     def use_rules(new: RuleSet) -> None:
         orchestrator.replace_rules(new)
         counts.rules_version = new.version
 
-    reloader = RulesReloader(rule_paths, on_change=use_rules, current=rules)
+    reloader = RulesReloader(paths, on_change=use_rules, current=rules)
     worker = Worker(
         app=app,
         intake=intake,
@@ -285,6 +309,17 @@ def build_worker(
         reload_interval=reload_interval,
     )
     return worker
+
+
+def run_worker(worker: Worker, settings: Settings, *, log_level: str) -> None:
+    """Run *worker* in the foreground until interrupted (`tuneloop run`), with `/metrics`
+    on `settings.worker.metrics_port` when one is set."""
+    port = settings.worker.metrics_port
+    if port is not None:
+        metrics.serve(
+            port, worker.intake.stats, worker.counts, retries=lambda: worker.orchestrator.retries
+        )
+    faust.Worker(worker.app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()
 
 
 def _run_alongside(
@@ -396,55 +431,63 @@ def _signal_origin(topic: str) -> list[tuple[str, bytes]]:
     ]
 
 
-class BackendKind(enum.StrEnum):
-    """Where training runs."""
+def make_backend(settings: Settings, *, clock: Clock) -> TrainingBackend:
+    """The backend `settings.worker.backend` names, ready for `build_worker`.
 
-    LOCAL = "local"
-    """A subprocess of the trainer on this machine (the default for one machine)."""
-    KUBERNETES = "kubernetes"
-    """Kubeflow Trainer v2 TrainJobs on the cluster of a kubeconfig."""
-
-
-def make_backend(
-    kind: BackendKind,
-    *,
-    clock: Clock,
-    local_root: Path | None = None,
-    local_max_concurrent: int = 1,
-    kubeconfig: Path | None = None,
-    namespace: str | None = None,
-) -> TrainingBackend:
-    """The backend of *kind*, ready for `build_worker`.
-
-    The Kubernetes backend reads `TUNELOOP_KUBERNETES_*` (namespace, trainer image, output
-    base URI, timeouts; see `runtimes/kubernetes/backend.py`) and connects with *kubeconfig*,
-    or, inside a pod, with its ServiceAccount.
+    The Kubernetes backend takes `settings.kubernetes` (namespace, trainer image, output base
+    URI, timeouts) and connects with `settings.worker.kubeconfig`, or, inside a pod, with its
+    ServiceAccount.
 
     Raises:
         ConfigError: what the backend needs is missing or invalid.
     """
-    if kind is BackendKind.LOCAL:
+    worker = settings.worker
+    if worker.backend is BackendKind.LOCAL:
         from runtimes.localprocess.backend import LocalProcessBackend
 
-        root = local_root or Path.home() / ".cache" / "tuneloop" / "jobs"
-        return LocalProcessBackend(root, max_concurrent=local_max_concurrent, clock=clock)
+        root = worker.local_root or Path.home() / ".cache" / "tuneloop" / "jobs"
+        return LocalProcessBackend(root, max_concurrent=worker.local_max_jobs, clock=clock)
     from kubernetes import client as kube_client
     from kubernetes import config as kube_config
 
-    from runtimes.kubernetes.backend import KubernetesBackend, settings_from_env
+    from runtimes.kubernetes.backend import BackendSettings, KubernetesBackend
 
-    settings = settings_from_env(os.environ)
-    if namespace:
-        settings = replace(settings, namespace=namespace)
     config = cast(Any, kube_config)  # an untyped library
-    if kubeconfig is not None:
-        api_client = config.new_client_from_config(config_file=str(kubeconfig))
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        api_client = kube_client.ApiClient()
+    if worker.kubeconfig is not None:
+        api_client = config.new_client_from_config(config_file=str(worker.kubeconfig))
     else:
-        raise ConfigError(
-            "the kubernetes backend needs a cluster: set TUNELOOP_KUBECONFIG (or --kubeconfig),"
-            " or run inside a pod with a ServiceAccount"
-        )
-    return KubernetesBackend.from_api_client(api_client, clock=clock, settings=settings)
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            raise ConfigError(
+                "the kubernetes backend needs a cluster: set TUNELOOP_KUBECONFIG (or"
+                " --kubeconfig), or run inside a pod with a ServiceAccount"
+            ) from None
+        api_client = kube_client.ApiClient()
+    return KubernetesBackend.from_api_client(
+        api_client, clock=clock, settings=BackendSettings.from_settings(settings.kubernetes)
+    )
+
+
+# --- what the demo borrows from the trainer (only this module imports runtimes/) ----------
+
+
+class ProgressReporter(Protocol):
+    """Shows the trainer's progress lines (`runtimes/trainer/progress.py`)."""
+
+    def emit(self, event: str, /, **fields: Any) -> None: ...
+
+
+def progress_bar(stream: TextIO = sys.stdout) -> ProgressReporter:
+    """The trainer's own redrawn progress bar, for `tuneloop demo` on a terminal."""
+    from runtimes.trainer.progress import BarReporter
+
+    return BarReporter(stream)
+
+
+def generate(base_model: str, prompt: str, *, adapter: Path | None = None) -> str:
+    """A short greedy continuation of *prompt* by *base_model* (with *adapter*, if given),
+    for `tuneloop demo`'s before/after comparison. Loads torch: seconds."""
+    from runtimes.trainer.generating import generate as trainer_generate
+
+    return trainer_generate(base_model, prompt, adapter=adapter, max_new_tokens=24)

@@ -1,8 +1,9 @@
 """The front door: CloudEvents from Kafka into the core, or into the dead-letter topic.
 
-Called by the composition root (`handlers/app.py`), which builds the app with
-`make_intake_app(settings, router=..., sink=...)` and runs it as a faust worker; tests and the
-benchmark run it in-process with `faust.contrib.asgi.faust_app_running`.
+Called by the composition root (`handlers/app.py`), which registers the agents on the
+worker's App with `install_intake(app, kafka, seen=..., router=..., sink=...)` once the
+orchestrator they feed exists; tests and the benchmark build an intake alone with
+`build_intake` and run it in-process with `faust.contrib.asgi.faust_app_running`.
 
 Two agents, so that per-key state is co-partitioned with the key the rules care about:
 
@@ -30,12 +31,10 @@ dead-letter the true original if the sink refuses the event.
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, cast
 
 import faust
@@ -44,12 +43,11 @@ import structlog
 from handlers.codec import Headers, KafkaRecord, RecordInfo, decode_record
 from handlers.dead_letters import dead_letter_record
 from handlers.dedup import SEEN_TABLE, SeenEvents, seen_key
-from handlers.publishing import tls_context
-from handlers.seek_safe_consumer import use_seek_safe_consumer
+from handlers.faust_app import new_app, raw_topic
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent
-from orchestrator.settings import KafkaSettings, SecurityProtocol, Settings
+from orchestrator.settings import KafkaSettings, Settings
 from orchestrator.vocabulary.registry import SchemaRegistry
 from orchestrator.vocabulary.rejections import Rejection
 from orchestrator.vocabulary.timestamps import parse_rfc3339
@@ -153,92 +151,52 @@ class Intake:
     keyed_topic: str
 
 
-def make_intake_app(
-    settings: Settings,
+def keyed_topic_name(kafka: KafkaSettings) -> str:
+    """The internal topic the intake re-keys events onto, by rule key."""
+    return f"{kafka.group_id}-tuneloop-keyed"
+
+
+def seen_events(app: faust.App, kafka: KafkaSettings) -> SeenEvents:
+    """The seen-set of (key, source, id) on a faust Table of *app* (changelog-backed)."""
+    table = app.Table(SEEN_TABLE, default=None, partitions=kafka.internal_partitions)
+    return SeenEvents(
+        table,
+        ttl_seconds=kafka.dedup_ttl.total_seconds(),
+        max_entries=kafka.dedup_max_entries,
+    )
+
+
+def install_intake(
+    app: faust.App,
+    kafka: KafkaSettings,
     *,
+    seen: SeenEvents,
     router: Router = route_by_partitionkey,
     sink: Sink,
     registry: SchemaRegistry | None = None,
     accepts_unknown_type: UnknownTypePolicy = refuse_unknown_types,
     clock: Clock | None = None,
-    **faust_options: Any,
-) -> faust.App:
-    """The intake faust App (see the module docstring); `build_intake` also returns its parts.
+) -> Intake:
+    """Register the two agents (see the module docstring) on *app*.
+
+    The composition root calls it last, once what *router* and *sink* use exists.
 
     Args:
-        settings: `settings.kafka` gives brokers, topics, group id, limits.
+        app: the worker's faust App (`handlers/faust_app.py`).
+        kafka: topics, group id, limits.
+        seen: the seen-set, from `seen_events(app, kafka)`.
         router: the keys an event is relevant to.
         sink: called once per (key, event) that passed.
         registry: schemas of known types; the built-in vocabulary when omitted.
         accepts_unknown_type: which types without a schema may pass.
         clock: the time for age checks and the seen-set; the system clock when omitted.
-        **faust_options: passed to `faust.App` (e.g. `broker_commit_interval` in tests).
     """
-    return build_intake(
-        settings,
-        router=router,
-        sink=sink,
-        registry=registry,
-        accepts_unknown_type=accepts_unknown_type,
-        clock=clock,
-        **faust_options,
-    ).app
-
-
-def build_intake(
-    settings: Settings,
-    *,
-    router: Router = route_by_partitionkey,
-    sink: Sink,
-    registry: SchemaRegistry | None = None,
-    accepts_unknown_type: UnknownTypePolicy = refuse_unknown_types,
-    clock: Clock | None = None,
-    **faust_options: Any,
-) -> Intake:
-    """Like `make_intake_app`, returning the app with its stats and seen-set."""
-    kafka = settings.kafka
-    schemas = registry if registry is not None else SchemaRegistry.builtin()
-    options: dict[str, Any] = {
-        "broker": [f"kafka://{host.strip()}" for host in kafka.bootstrap.split(",")],
-        "store": "memory://",
-        # faust creates a data folder even for in-memory tables; by default in the current
-        # directory, which left a `<group>-data` folder wherever a worker was started.
-        "datadir": _faust_data_folder(kafka.group_id),
-        "topic_partitions": kafka.internal_partitions,
-        "web_enabled": False,
-        "autodiscover": False,
-        "processing_guarantee": "at_least_once",
-        # A topic faust has just created can be missing from the first metadata the consumer
-        # reads (the broker creates partitions asynchronously); the group is then assigned
-        # without the internal keyed topic, and faust's default (5 min) leaves every keyed
-        # partition unconsumed that long. Refreshing often makes the group rebalance onto it
-        # within seconds.
-        "consumer_metadata_max_age_ms": 3_000,
-        # Let forwards and seen-set changelog writes gather for up to 5 ms into one produce
-        # request. With faust's default of 0 the producer sent a request per ~2 records; with
-        # 5 ms, a third as many and ~13% fewer Python calls per event (see bench/intake.py).
-        # Delivery is unchanged: faust flushes the producer before it commits any offset.
-        "producer_linger": 0.005,
-    }
-    credentials = faust_credentials(kafka)
-    if credentials is not None:
-        options["broker_credentials"] = credentials
-    options.update(faust_options)
-    app = faust.App(kafka.group_id, **options)
-    use_seek_safe_consumer(app)
-
-    source = _raw_topic(app, *kafka.topics_in)
-    keyed_name = f"{kafka.group_id}-tuneloop-keyed"
-    keyed = _raw_topic(app, keyed_name, partitions=kafka.internal_partitions, internal=True)
-    table = app.Table(SEEN_TABLE, default=None, partitions=kafka.internal_partitions)
-    seen = SeenEvents(
-        table,
-        ttl_seconds=kafka.dedup_ttl.total_seconds(),
-        max_entries=kafka.dedup_max_entries,
-    )
+    source = raw_topic(app, *kafka.topics_in)
+    keyed_name = keyed_topic_name(kafka)
+    keyed = raw_topic(app, keyed_name, partitions=kafka.internal_partitions, internal=True)
     pipeline = _Pipeline(
         kafka=kafka,
-        registry=schemas,
+        registry=registry if registry is not None else SchemaRegistry.builtin(),
         accepts_unknown_type=accepts_unknown_type,
         router=router,
         sink=sink,
@@ -269,6 +227,32 @@ def build_intake(
     cast(Any, app.on_partitions_revoked).connect(forget_index)
 
     return Intake(app=app, stats=pipeline.stats, seen=seen, keyed_topic=keyed_name)
+
+
+def build_intake(
+    settings: Settings,
+    *,
+    router: Router = route_by_partitionkey,
+    sink: Sink,
+    registry: SchemaRegistry | None = None,
+    accepts_unknown_type: UnknownTypePolicy = refuse_unknown_types,
+    clock: Clock | None = None,
+    **faust_options: Any,
+) -> Intake:
+    """An intake on its own App, without the rule engine: for tests and the intake benchmark
+    (a worker is wired by `handlers/app.py`). Arguments as `install_intake`;
+    *faust_options* go to `faust_app.new_app`."""
+    app = new_app(settings.kafka, **faust_options)
+    return install_intake(
+        app,
+        settings.kafka,
+        seen=seen_events(app, settings.kafka),
+        router=router,
+        sink=sink,
+        registry=registry,
+        accepts_unknown_type=accepts_unknown_type,
+        clock=clock,
+    )
 
 
 class _Pipeline:
@@ -402,41 +386,6 @@ class _ProducerTopic:
         await self._app.producer.send(self._name, key, value, None, None, headers)
 
 
-def _faust_data_folder(group_id: str) -> Path:
-    """Where faust may keep its per-app folder: the system's temporary directory (nothing
-    durable lives there; tables are in memory, backed by changelog topics)."""
-    parent = Path(tempfile.gettempdir()) / "tuneloop-faust"
-    parent.mkdir(parents=True, exist_ok=True)
-    return parent / f"{group_id}-data"
-
-
-def _raw_topic(app: faust.App, *names: str, **options: Any) -> Any:
-    """A topic of raw bytes keys and values: the codec, not faust, interprets them."""
-    return app.topic(
-        *names,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        **options,
-    )
-
-
-def faust_credentials(kafka: KafkaSettings) -> Any:
-    """faust's broker credentials for the configured protocol; None for PLAINTEXT."""
-    context = tls_context(kafka) if kafka.uses_tls else None
-    if kafka.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL):
-        return faust.SASLCredentials(
-            username=kafka.sasl_username,
-            password=kafka.sasl_password,
-            ssl_context=context,
-            mechanism=str(kafka.sasl_mechanism),
-        )
-    if context is not None:
-        return faust.SSLCredentials(context)
-    return None
-
-
 def _record_of(message: Any) -> tuple[KafkaRecord, RecordInfo]:
     timestamp = (
         datetime.fromtimestamp(message.timestamp, UTC) if message.timestamp is not None else None
@@ -493,4 +442,4 @@ if __name__ == "__main__":  # pragma: no cover - `python -m handlers.intake work
     async def _log_event(key: str, event: CloudEvent, info: RecordInfo) -> None:
         log.info("event_accepted", key=key, event_id=event.id, type=event.type, topic=info.topic)
 
-    make_intake_app(Settings.from_env(), sink=_log_event).main()
+    build_intake(Settings.from_env(), sink=_log_event).app.main()

@@ -1,10 +1,14 @@
 """Reference pages generated from the code itself: settings and CLI.
 
 - docs/reference/settings.md: each settings field documents its unit, default and reason in an
-  attribute docstring (kopf's habit); `settings_page()` reads those docstrings from the source
-  with `ast` and renders one table per group, plus the options of `tuneloop run`.
-- docs/reference/cli.md: `cli_page()` renders every command's usage, arguments and options
+  attribute docstring (kopf's habit); `settings_page(cli)` reads those docstrings from
+  `orchestrator/settings.py` with `ast` and renders one table per group, naming the option
+  of `tuneloop run` that overrides a variable.
+- docs/reference/cli.md: `cli_page(cli)` renders every command's usage, arguments and options
   from the typer app.
+
+Both take the typer app from their caller (`handlers/cli/reference_commands.py`), so this
+module imports neither the CLI (which imports it: a cycle) nor the runtimes.
 
 `tests/unit/test_reference_pages.py` fails when a committed page differs from what the code
 renders. Regenerate with `tuneloop reference settings > docs/reference/settings.md` (and `cli`).
@@ -18,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import typer
+import typer.main
 
 from orchestrator import settings as core_settings
 
@@ -71,11 +78,14 @@ def _row(variable: str, field: Field) -> str:
     return f"| `{variable}` | `{default}` | {doc} |"
 
 
-def _kafka() -> list[str]:
-    rows = [
-        _row(f"{core_settings.ENV_PREFIX}KAFKA_{name.upper()}", field)
-        for name, field in fields_of(core_settings, "KafkaSettings").items()
+def _group(class_name: str, prefix: str) -> list[str]:
+    return [
+        _row(f"{prefix}{name.upper()}", field)
+        for name, field in fields_of(core_settings, class_name).items()
     ]
+
+
+def _kafka() -> list[str]:
     return [
         "## Kafka (`TUNELOOP_KAFKA_*`)",
         "",
@@ -83,51 +93,34 @@ def _kafka() -> list[str]:
         "",
         "| variable | default | meaning |",
         "| --- | --- | --- |",
-        *rows,
+        *_group("KafkaSettings", f"{core_settings.ENV_PREFIX}KAFKA_"),
     ]
 
 
 def _kubernetes() -> list[str]:
-    from runtimes.kubernetes import backend, manifests
-
-    backend_fields = fields_of(backend, "BackendSettings")
-    manifest_fields = fields_of(manifests, "Settings")
-    mapping = {
-        "NAMESPACE": backend_fields["namespace"],
-        "REQUEST_TIMEOUT": backend_fields["request_timeout"],
-        "WATCH_TIMEOUT": backend_fields["watch_timeout"],
-        "JOBSET_TIMEOUT": backend_fields["jobset_timeout"],
-        "TRAINER_IMAGE": manifest_fields["image"],
-        "OUTPUT_BASE_URI": manifest_fields["output_base_uri"],
-        "DATASET_SECRET": manifest_fields["dataset_secret"],
-        "MODEL_SECRET": manifest_fields["model_secret"],
-    }
     return [
         "## Kubernetes backend (`TUNELOOP_KUBERNETES_*`)",
         "",
         "| variable | default | meaning |",
         "| --- | --- | --- |",
-        *(_row(f"{backend.ENV_PREFIX}{key}", field) for key, field in mapping.items()),
+        *_group("KubernetesSettings", f"{core_settings.ENV_PREFIX}KUBERNETES_"),
     ]
 
 
-def _worker() -> list[str]:
-    import typer.main
-
-    from handlers.cli.main import app
-
-    command = typer.main.get_command(app)
-    run = command.commands["run"]  # type: ignore[attr-defined]
+def _worker(cli: typer.Typer) -> list[str]:
+    run = typer.main.get_command(cli).commands["run"]  # type: ignore[attr-defined]
+    options = {param.name: param.opts[0] for param in run.params}
     rows = []
-    for param in run.params:
-        if not param.envvar:
-            continue
-        default = "(required)" if param.required else repr(param.default)
-        flag = param.opts[0]
-        help_text = (param.help or "").replace("|", "\\|")
-        rows.append(f"| `{param.envvar}` | `{flag}` | `{default}` | {help_text} |")
+    for name, field in fields_of(core_settings, "WorkerSettings").items():
+        doc = field.doc.replace("|", "\\|")
+        default = field.default.replace("|", "\\|")
+        option = f"`{options[name]}`" if name in options else ""
+        variable = f"{core_settings.ENV_PREFIX}{name.upper()}"
+        rows.append(f"| `{variable}` | {option} | `{default}` | {doc} |")
     return [
         "## The worker (`tuneloop run`)",
+        "",
+        "An option given to `tuneloop run` wins over its variable.",
         "",
         "| variable | option | default | meaning |",
         "| --- | --- | --- | --- |",
@@ -135,15 +128,15 @@ def _worker() -> list[str]:
     ]
 
 
-def settings_page() -> str:
-    """The whole settings reference page."""
+def settings_page(cli: typer.Typer) -> str:
+    """The whole settings reference page; *cli* is the `tuneloop` app (for `run`'s options)."""
     lines = [
         "# Settings reference",
         "",
         "Generated from the settings' docstrings by `tuneloop reference settings`; do not edit.",
         "Every variable is optional unless marked required; unset ones keep their default.",
         "",
-        *_worker(),
+        *_worker(cli),
         "",
         *_kafka(),
         "",
@@ -152,12 +145,8 @@ def settings_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def cli_page() -> str:
-    """Every `tuneloop` command with its arguments and options."""
-    import typer.main
-
-    from handlers.cli.main import app
-
+def cli_page(cli: typer.Typer) -> str:
+    """Every command of *cli* (the `tuneloop` app) with its arguments and options."""
     lines = [
         "# CLI reference",
         "",
@@ -188,5 +177,5 @@ def cli_page() -> str:
         if rows:
             lines.extend(["| option | default | meaning |", "| --- | --- | --- |", *rows, ""])
 
-    walk(typer.main.get_command(app), "tuneloop")
+    walk(typer.main.get_command(cli), "tuneloop")
     return "\n".join(lines).rstrip() + "\n"

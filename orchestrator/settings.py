@@ -8,9 +8,14 @@ has an attribute docstring giving its unit, its default and why the default is w
 Settings are not rules: what to train and when lives in versioned rule files. These are the
 knobs of the process (where Kafka is, how big an event may be).
 
-Groups: `KafkaSettings` (this module). Other areas add their own frozen group dataclass here
-(for example `BackendSettings`, `WatchSettings`) as a new field of `Settings` with a default,
-plus a `_<group>_from_env` reader called by `Settings.from_env` — see the marked place below.
+Groups: `WorkerSettings` (what `tuneloop run` starts: rules, backend, metrics port),
+`KafkaSettings` and `KubernetesSettings` (the Kubernetes backend). A new area adds its own
+frozen group dataclass here as a new field of `Settings` with a default, plus a
+`_<group>_from_env` reader called by `Settings.from_env`.
+
+This is the only place that reads `TUNELOOP_*` variables of the worker. Command-line flags
+override a value by `dataclasses.replace` on what `from_env` returned, never by reading the
+environment themselves (`handlers/cli/worker_commands.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import TypeVar
 
 from orchestrator.errors import ConfigError
@@ -53,6 +59,92 @@ class OutputMode(enum.StrEnum):
 
     BINARY = "binary"
     STRUCTURED = "structured"
+
+
+class BackendKind(enum.StrEnum):
+    """Where training runs."""
+
+    LOCAL = "local"
+    """A subprocess of the trainer on this machine (the default for one machine)."""
+    KUBERNETES = "kubernetes"
+    """Kubeflow Trainer v2 TrainJobs on the cluster of a kubeconfig."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What `tuneloop run` starts. Environment variables are `TUNELOOP_<FIELD>` in upper
+    case, e.g. `TUNELOOP_BACKEND`; each has a `tuneloop run` option of the same name."""
+
+    rules: tuple[Path, ...] = ()
+    """Rule files or directories, watched and reloaded while running (space-separated in the
+    environment). Required by `tuneloop run`; default none."""
+
+    backend: BackendKind = BackendKind.LOCAL
+    """Where training runs: `local` or `kubernetes`. Default `local`: one machine needs no
+    cluster."""
+
+    local_root: Path | None = None
+    """local backend: where job directories go. Default none, meaning
+    `~/.cache/tuneloop/jobs`."""
+
+    local_max_jobs: int = 1
+    """local backend: trainers running at once. Default 1: one small GPU or CPU is busy with
+    one fine-tune."""
+
+    kubeconfig: Path | None = None
+    """kubernetes backend: the kubeconfig of the cluster. Default none: inside a pod, its
+    ServiceAccount."""
+
+    metrics_port: int | None = None
+    """Serve Prometheus `/metrics` on this port. Default none: no metrics server."""
+
+    def __post_init__(self) -> None:
+        if self.local_max_jobs <= 0:
+            raise ConfigError("TUNELOOP_LOCAL_MAX_JOBS must be positive")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ConfigError(f"TUNELOOP_METRICS_PORT={self.metrics_port} is not a TCP port")
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSettings:
+    """How the Kubernetes backend behaves; one per deployment (the Helm chart sets them).
+
+    Environment variables are `TUNELOOP_KUBERNETES_<FIELD>` in upper case, e.g.
+    `TUNELOOP_KUBERNETES_NAMESPACE`. `runtimes/kubernetes/backend.py` turns these into its
+    `BackendSettings`.
+    """
+
+    namespace: str = "default"
+    """Namespace the TrainJobs are created in (and watched)."""
+
+    request_timeout: float = 15.0
+    """Seconds one API call may take before it counts as a transient failure."""
+
+    watch_timeout: int = 60
+    """Seconds one watch request stays open; also how often stuck jobs are re-checked."""
+
+    jobset_timeout: float = 600.0
+    """Seconds a TrainJob may wait for its JobSet (any `jobsStatus`) before it is reported
+    `Failed` with reason `JobSetNotCreated` (Trainer #2735: a JobSet the controller cannot
+    create leaves the status empty)."""
+
+    trainer_image: str = "ghcr.io/tuneloop/lora-trainer:0.1.0"
+    """Trainer image; pinned by tag so that a job is reproducible."""
+
+    output_base_uri: str = "file:///var/lib/tuneloop/adapters"
+    """Where adapters go when the request does not say: `<base>/<job name>`. The shipped
+    runtime (deploy/runtimes/tuneloop-lora.yaml) mounts a volume there."""
+
+    dataset_secret: str | None = None
+    """Secret with credentials for the dataset initializer (e.g. `ACCESS_TOKEN`)."""
+
+    model_secret: str | None = None
+    """Secret with credentials for the model initializer."""
+
+    def __post_init__(self) -> None:
+        for name in ("request_timeout", "watch_timeout", "jobset_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"TUNELOOP_KUBERNETES_{name.upper()} must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,11 +277,14 @@ class KafkaSettings:
 class Settings:
     """All of tuneloop's process settings."""
 
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    """What `tuneloop run` starts: rules, backend, metrics."""
+
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     """The broker connection, topics and intake limits."""
 
-    # Other groups (BackendSettings, WatchSettings, ...) go here as new fields with a default,
-    # each read in `from_env` by its own `_<group>_from_env(env)` function.
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    """The Kubernetes backend (used only with `backend: kubernetes`)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -203,7 +298,11 @@ class Settings:
                 names the variable.
         """
         env = os.environ if environ is None else environ
-        return cls(kafka=_kafka_from_env(_EnvReader(env, f"{ENV_PREFIX}KAFKA_")))
+        return cls(
+            worker=_worker_from_env(_EnvReader(env, ENV_PREFIX)),
+            kafka=_kafka_from_env(_EnvReader(env, f"{ENV_PREFIX}KAFKA_")),
+            kubernetes=_kubernetes_from_env(_EnvReader(env, f"{ENV_PREFIX}KUBERNETES_")),
+        )
 
 
 class _EnvReader:
@@ -231,6 +330,19 @@ class _EnvReader:
         except ValueError:
             raise ConfigError(f"{self.name(key)}={value!r} is not an integer") from None
 
+    def number(self, key: str) -> float | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{self.name(key)}={value!r} is not a number") from None
+
+    def path(self, key: str) -> Path | None:
+        value = self.raw(key)
+        return Path(value).expanduser() if value is not None else None
+
     def seconds(self, key: str) -> timedelta | None:
         value = self.raw(key)
         if value is None:
@@ -249,6 +361,36 @@ class _EnvReader:
                 return member
         allowed = ", ".join(member.value for member in kind)
         raise ConfigError(f"{self.name(key)}={value!r} is not one of: {allowed}")
+
+
+def _worker_from_env(env: _EnvReader) -> WorkerSettings:
+    defaults = WorkerSettings()
+    rules = env.raw("rules")
+    return WorkerSettings(
+        # Space-separated, as click split a multiple option's variable before settings moved
+        # here, so that an existing TUNELOOP_RULES keeps its meaning.
+        rules=tuple(Path(part) for part in rules.split()) if rules else defaults.rules,
+        backend=_or(env.choice("backend", BackendKind), defaults.backend),
+        local_root=env.path("local_root"),
+        local_max_jobs=_or(env.integer("local_max_jobs"), defaults.local_max_jobs),
+        kubeconfig=env.path("kubeconfig"),
+        metrics_port=env.integer("metrics_port"),
+    )
+
+
+def _kubernetes_from_env(env: _EnvReader) -> KubernetesSettings:
+    defaults = KubernetesSettings()
+    watch_timeout = env.number("watch_timeout")
+    return KubernetesSettings(
+        namespace=env.raw("namespace") or defaults.namespace,
+        request_timeout=_or(env.number("request_timeout"), defaults.request_timeout),
+        watch_timeout=defaults.watch_timeout if watch_timeout is None else int(watch_timeout),
+        jobset_timeout=_or(env.number("jobset_timeout"), defaults.jobset_timeout),
+        trainer_image=env.raw("trainer_image") or defaults.trainer_image,
+        output_base_uri=env.raw("output_base_uri") or defaults.output_base_uri,
+        dataset_secret=env.raw("dataset_secret"),
+        model_secret=env.raw("model_secret"),
+    )
 
 
 def _kafka_from_env(env: _EnvReader) -> KafkaSettings:

@@ -21,4 +21,6 @@ def register(app: typer.Typer) -> None:
         if page not in pages:
             typer.echo(f"unknown page {page!r}: use settings or cli", err=True)
             raise typer.Exit(2)
-        typer.echo(pages[page](), nl=False)
+        # The page is rendered from the very app this command is registered on, passed in
+        # rather than imported (handlers.cli.main imports this module).
+        typer.echo(pages[page](app), nl=False)

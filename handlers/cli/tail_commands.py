@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Annotated
@@ -32,7 +31,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Print the CloudEvents on TOPIC as JSON lines."""
-        servers = bootstrap or os.environ.get("TUNELOOP_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+        from orchestrator.settings import Settings
+
+        servers = bootstrap or Settings.from_env().kafka.bootstrap
         found = asyncio.run(_tail(servers, topic, until=until, timeout=timeout))
         if until is not None and not found:
             typer.echo(f"tuneloop tail: no {until} on {topic} within {timeout:g} s", err=True)

@@ -1,13 +1,52 @@
-"""`tuneloop run`: start a worker (intake, rules, backend, completion events) in the foreground."""
+"""`tuneloop run`: start a worker (intake, rules, backend, completion events) in the foreground.
+
+Settings come from `Settings.from_env()` alone (`orchestrator/settings.py`: `TUNELOOP_*`);
+each option given on the command line replaces that one field (`dataclasses.replace`), so
+the environment is read in one place and a flag always wins over a variable.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from orchestrator.errors import ConfigError
+from orchestrator.settings import BackendKind, Settings
+
+
+def with_options(
+    settings: Settings,
+    *,
+    rules: tuple[Path, ...] | None = None,
+    backend: BackendKind | None = None,
+    local_root: Path | None = None,
+    local_max_jobs: int | None = None,
+    kubeconfig: Path | None = None,
+    namespace: str | None = None,
+    metrics_port: int | None = None,
+) -> Settings:
+    """*settings* with each option that was given (not None) in place of its variable.
+
+    Raises:
+        ConfigError: an option's value is invalid (as the variable's would be).
+    """
+    old = settings.worker
+    worker = replace(
+        old,
+        rules=old.rules if rules is None else rules,
+        backend=old.backend if backend is None else backend,
+        local_root=old.local_root if local_root is None else local_root,
+        local_max_jobs=old.local_max_jobs if local_max_jobs is None else local_max_jobs,
+        kubeconfig=old.kubeconfig if kubeconfig is None else kubeconfig,
+        metrics_port=old.metrics_port if metrics_port is None else metrics_port,
+    )
+    kubernetes = settings.kubernetes
+    if namespace:
+        kubernetes = replace(kubernetes, namespace=namespace)
+    return replace(settings, worker=worker, kubernetes=kubernetes)
 
 
 def register(app: typer.Typer) -> None:
@@ -16,90 +55,89 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def run(
         rules: Annotated[
-            list[Path],
+            list[Path] | None,
             typer.Option(
                 "--rules",
-                envvar="TUNELOOP_RULES",
-                help="Rule file or directory (repeatable); watched and reloaded while running.",
+                help="Rule file or directory (repeatable); watched and reloaded while running."
+                " (env TUNELOOP_RULES, space-separated; required)",
             ),
-        ],
+        ] = None,
         backend: Annotated[
-            str,
+            str | None,
             typer.Option(
-                envvar="TUNELOOP_BACKEND", help="Where training runs: local | kubernetes."
+                help="Where training runs: local | kubernetes. (env TUNELOOP_BACKEND;"
+                " default local)"
             ),
-        ] = "local",
+        ] = None,
         local_root: Annotated[
             Path | None,
             typer.Option(
-                envvar="TUNELOOP_LOCAL_ROOT",
-                help="local backend: job directories (default ~/.cache/tuneloop/jobs).",
+                help="local backend: job directories. (env TUNELOOP_LOCAL_ROOT;"
+                " default ~/.cache/tuneloop/jobs)",
             ),
         ] = None,
         local_max_jobs: Annotated[
-            int,
-            typer.Option(envvar="TUNELOOP_LOCAL_MAX_JOBS", help="local backend: jobs at once."),
-        ] = 1,
+            int | None,
+            typer.Option(
+                help="local backend: jobs at once. (env TUNELOOP_LOCAL_MAX_JOBS; default 1)"
+            ),
+        ] = None,
         kubeconfig: Annotated[
             Path | None,
-            typer.Option(envvar="TUNELOOP_KUBECONFIG", help="kubernetes backend: the cluster."),
+            typer.Option(
+                help="kubernetes backend: the cluster. (env TUNELOOP_KUBECONFIG;"
+                " default: the pod's ServiceAccount)"
+            ),
         ] = None,
         namespace: Annotated[
             str | None,
             typer.Option(
-                envvar="TUNELOOP_KUBERNETES_NAMESPACE",
-                help="kubernetes backend: where TrainJobs go (default: default).",
+                help="kubernetes backend: where TrainJobs go."
+                " (env TUNELOOP_KUBERNETES_NAMESPACE; default default)",
             ),
         ] = None,
         metrics_port: Annotated[
             int | None,
             typer.Option(
-                envvar="TUNELOOP_METRICS_PORT", help="Serve Prometheus /metrics on this port."
+                help="Serve Prometheus /metrics on this port. (env TUNELOOP_METRICS_PORT;"
+                " default: none)"
             ),
         ] = None,
         log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
     ) -> None:
         """Run a tuneloop worker until interrupted (Kafka settings: TUNELOOP_KAFKA_*)."""
-        import faust
-
-        from handlers import metrics
-        from handlers.app import BackendKind, build_worker, make_backend
+        from handlers.app import build_worker, make_backend, run_worker
         from handlers.logs import configure as configure_logging
         from orchestrator.clock import SystemClock
-        from orchestrator.settings import Settings
 
         configure_logging(log_level)
+        clock = SystemClock()
         try:
-            kind = BackendKind(backend)
+            kind = BackendKind(backend.lower()) if backend else None
         except ValueError:
             typer.echo(f"unknown backend {backend!r}: use local or kubernetes", err=True)
             raise typer.Exit(2) from None
-        clock = SystemClock()
         try:
-            settings = Settings.from_env()
-            training = make_backend(
-                kind,
-                clock=clock,
+            settings = with_options(
+                Settings.from_env(),
+                rules=tuple(rules) if rules else None,
+                backend=kind,
                 local_root=local_root,
-                local_max_concurrent=local_max_jobs,
+                local_max_jobs=local_max_jobs,
                 kubeconfig=kubeconfig,
                 namespace=namespace,
+                metrics_port=metrics_port,
             )
-            worker = build_worker(settings, rule_paths=rules, backend=training, clock=clock)
+            training = make_backend(settings, clock=clock)
+            worker = build_worker(settings, backend=training, clock=clock)
         except ConfigError as exc:
             typer.echo(f"tuneloop run: refusing to start: {exc}", err=True)
             raise typer.Exit(1) from None
         typer.echo(
             f"tuneloop worker: group {settings.kafka.group_id} on {settings.kafka.bootstrap}, "
             f"rules {worker.orchestrator.rules.version[:12]} "
-            f"({len(worker.orchestrator.rules.rules)} rules), backend {kind}",
+            f"({len(worker.orchestrator.rules.rules)} rules), "
+            f"backend {settings.worker.backend}",
             err=True,
         )
-        if metrics_port is not None:
-            metrics.serve(
-                metrics_port,
-                worker.intake.stats,
-                worker.counts,
-                retries=lambda: worker.orchestrator.retries,
-            )
-        faust.Worker(worker.app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()
+        run_worker(worker, settings, log_level=log_level)

@@ -39,11 +39,11 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from orchestrator.clock import Clock
-from orchestrator.errors import BackendError, ConfigError, TransientBackendError
-from orchestrator.jobs.completion import JobContext
-from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest
+from orchestrator.errors import BackendError, TransientBackendError
+from orchestrator.jobs.model import JobContext, JobPhase, JobRef, Observation, TrainingRequest
 from orchestrator.jobs.tracking import next_transition
 from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs
+from orchestrator.settings import KubernetesSettings
 from runtimes.kubernetes import manifests, results
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from runtimes.kubernetes.errors import foreign_object_error, is_transient, translate
@@ -60,7 +60,11 @@ SELECTOR = f"{manifests.MANAGED_BY_LABEL}={manifests.MANAGED_BY}"
 
 @dataclass(frozen=True, slots=True)
 class BackendSettings:
-    """How the Kubernetes backend behaves; one per deployment."""
+    """How the Kubernetes backend behaves; one per deployment.
+
+    The composition root builds it from the process settings with `from_settings`; tests
+    build it directly.
+    """
 
     namespace: str = "default"
     """Namespace the TrainJobs are created in (and watched)."""
@@ -80,8 +84,25 @@ class BackendSettings:
     create leaves the status empty)."""
     manifests: manifests.Settings = field(default_factory=manifests.Settings)
 
+    @classmethod
+    def from_settings(cls, kubernetes: KubernetesSettings) -> BackendSettings:
+        """The backend's settings from the `TUNELOOP_KUBERNETES_*` group of `Settings`."""
+        built = manifests.Settings()
+        return cls(
+            namespace=kubernetes.namespace,
+            request_timeout=kubernetes.request_timeout,
+            watch_timeout=kubernetes.watch_timeout,
+            jobset_timeout=kubernetes.jobset_timeout,
+            manifests=manifests.Settings(
+                image=kubernetes.trainer_image,
+                command=built.command,
+                output_base_uri=kubernetes.output_base_uri,
+                causing_ids_budget=built.causing_ids_budget,
+                dataset_secret=kubernetes.dataset_secret,
+                model_secret=kubernetes.model_secret,
+            ),
+        )
 
-ENV_PREFIX = "TUNELOOP_KUBERNETES_"
 
 RBAC_RULES: Mapping[str, tuple[str, ...]] = {
     "trainjobs": ("create", "delete", "get", "list", "watch"),
@@ -91,50 +112,6 @@ RBAC_RULES: Mapping[str, tuple[str, ...]] = {
 }
 """Every verb this backend (and its catalog) uses, per `trainer.kubeflow.org` resource: the
 Helm chart's Role/ClusterRole grant exactly these (tests/unit/kubernetes/test_helm_chart.py)."""
-
-
-def settings_from_env(environ: Mapping[str, str]) -> BackendSettings:
-    """`BackendSettings` from `TUNELOOP_KUBERNETES_*` variables (the Helm chart sets them).
-
-    NAMESPACE, TRAINER_IMAGE, OUTPUT_BASE_URI, DATASET_SECRET, MODEL_SECRET (text);
-    JOBSET_TIMEOUT, REQUEST_TIMEOUT (seconds); WATCH_TIMEOUT (an integer).
-    Unset ones keep their defaults.
-
-    Raises:
-        ConfigError: a number is not a number, or is not positive.
-    """
-    defaults = BackendSettings()
-
-    def text(key: str, default: str) -> str:
-        return environ.get(ENV_PREFIX + key) or default
-
-    def number(key: str, default: float, kind: Callable[[str], float]) -> Any:
-        raw = environ.get(ENV_PREFIX + key)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = kind(raw)
-        except ValueError:
-            raise ConfigError(f"{ENV_PREFIX}{key}={raw!r} is not a number") from None
-        if value <= 0:
-            raise ConfigError(f"{ENV_PREFIX}{key}={raw!r} must be positive")
-        return value
-
-    built = defaults.manifests
-    return BackendSettings(
-        namespace=text("NAMESPACE", defaults.namespace),
-        request_timeout=number("REQUEST_TIMEOUT", defaults.request_timeout, float),
-        watch_timeout=number("WATCH_TIMEOUT", defaults.watch_timeout, int),
-        jobset_timeout=number("JOBSET_TIMEOUT", defaults.jobset_timeout, float),
-        manifests=manifests.Settings(
-            image=text("TRAINER_IMAGE", built.image),
-            command=built.command,
-            output_base_uri=text("OUTPUT_BASE_URI", built.output_base_uri),
-            causing_ids_budget=built.causing_ids_budget,
-            dataset_secret=environ.get(ENV_PREFIX + "DATASET_SECRET") or None,
-            model_secret=environ.get(ENV_PREFIX + "MODEL_SECRET") or None,
-        ),
-    )
 
 
 def phase_of(

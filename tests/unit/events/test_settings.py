@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.settings import OutputMode, SaslMechanism, SecurityProtocol, Settings
+from orchestrator.settings import (
+    BackendKind,
+    OutputMode,
+    SaslMechanism,
+    SecurityProtocol,
+    Settings,
+)
+from runtimes.kubernetes.backend import BackendSettings
 
 
 def test_defaults_point_at_the_local_broker_and_bound_age_below_dedup_memory() -> None:
@@ -70,5 +78,92 @@ def test_max_age_can_be_switched_off() -> None:
     ],
 )
 def test_bad_settings_refuse_to_start_naming_the_variable(env: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        Settings.from_env(env)
+
+
+def test_the_worker_defaults_to_the_local_backend_without_metrics() -> None:
+    worker = Settings.from_env({}).worker
+    assert worker.backend is BackendKind.LOCAL
+    assert (worker.rules, worker.local_max_jobs, worker.metrics_port) == ((), 1, None)
+
+
+def test_every_worker_variable_is_read() -> None:
+    worker = Settings.from_env(
+        {
+            "TUNELOOP_RULES": "rules/a.yaml  rules/more",
+            "TUNELOOP_BACKEND": "Kubernetes",
+            "TUNELOOP_LOCAL_ROOT": "/var/jobs",
+            "TUNELOOP_LOCAL_MAX_JOBS": "3",
+            "TUNELOOP_KUBECONFIG": "/etc/kube/config",
+            "TUNELOOP_METRICS_PORT": "9464",
+        }
+    ).worker
+    assert worker.rules == (Path("rules/a.yaml"), Path("rules/more"))
+    assert worker.backend is BackendKind.KUBERNETES
+    assert worker.local_root == Path("/var/jobs")
+    assert worker.local_max_jobs == 3
+    assert worker.kubeconfig == Path("/etc/kube/config")
+    assert worker.metrics_port == 9464
+
+
+def test_kubernetes_settings_come_from_tuneloop_kubernetes_variables() -> None:
+    kubernetes = Settings.from_env(
+        {
+            "TUNELOOP_KUBERNETES_NAMESPACE": "ml",
+            "TUNELOOP_KUBERNETES_TRAINER_IMAGE": "registry.local/trainer:2",
+            "TUNELOOP_KUBERNETES_JOBSET_TIMEOUT": "90",
+            "TUNELOOP_KUBERNETES_MODEL_SECRET": "hf-token",
+        }
+    ).kubernetes
+    assert kubernetes.namespace == "ml"
+    assert kubernetes.trainer_image == "registry.local/trainer:2"
+    assert kubernetes.jobset_timeout == 90.0
+    assert kubernetes.model_secret == "hf-token"
+    assert kubernetes.watch_timeout == 60  # unset: the default
+
+
+def test_the_kubernetes_backend_gets_every_kubernetes_setting() -> None:
+    backend = BackendSettings.from_settings(
+        Settings.from_env(
+            {
+                "TUNELOOP_KUBERNETES_NAMESPACE": "ml",
+                "TUNELOOP_KUBERNETES_REQUEST_TIMEOUT": "5",
+                "TUNELOOP_KUBERNETES_WATCH_TIMEOUT": "30",
+                "TUNELOOP_KUBERNETES_JOBSET_TIMEOUT": "90",
+                "TUNELOOP_KUBERNETES_TRAINER_IMAGE": "registry.local/trainer:2",
+                "TUNELOOP_KUBERNETES_OUTPUT_BASE_URI": "s3://adapters",
+                "TUNELOOP_KUBERNETES_DATASET_SECRET": "data-token",
+                "TUNELOOP_KUBERNETES_MODEL_SECRET": "hf-token",
+            }
+        ).kubernetes
+    )
+    assert (backend.namespace, backend.request_timeout, backend.watch_timeout) == ("ml", 5.0, 30)
+    assert backend.jobset_timeout == 90.0
+    assert backend.manifests.image == "registry.local/trainer:2"
+    assert backend.manifests.output_base_uri == "s3://adapters"
+    assert (backend.manifests.dataset_secret, backend.manifests.model_secret) == (
+        "data-token",
+        "hf-token",
+    )
+
+
+def test_unset_kubernetes_variables_give_the_backends_own_defaults() -> None:
+    assert BackendSettings.from_settings(Settings.from_env({}).kubernetes) == BackendSettings()
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"TUNELOOP_KUBERNETES_JOBSET_TIMEOUT": "soon"}, "TUNELOOP_KUBERNETES_JOBSET_TIMEOUT"),
+        ({"TUNELOOP_KUBERNETES_JOBSET_TIMEOUT": "0"}, "TUNELOOP_KUBERNETES_JOBSET_TIMEOUT"),
+        ({"TUNELOOP_KUBERNETES_REQUEST_TIMEOUT": "-5"}, "TUNELOOP_KUBERNETES_REQUEST_TIMEOUT"),
+        ({"TUNELOOP_BACKEND": "slurm"}, "TUNELOOP_BACKEND"),
+        ({"TUNELOOP_LOCAL_MAX_JOBS": "0"}, "TUNELOOP_LOCAL_MAX_JOBS"),
+        ({"TUNELOOP_METRICS_PORT": "70000"}, "TUNELOOP_METRICS_PORT"),
+    ],
+    ids=["timeout-not-a-number", "timeout-zero", "timeout-negative", "backend", "jobs", "port"],
+)
+def test_bad_worker_and_kubernetes_settings_refuse_to_start(env: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         Settings.from_env(env)

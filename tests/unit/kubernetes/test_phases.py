@@ -6,9 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestrator.errors import ConfigError
 from orchestrator.jobs.model import JobPhase
-from runtimes.kubernetes.backend import phase_of, settings_from_env
+from runtimes.kubernetes.backend import phase_of
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 CREATED = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -88,26 +87,3 @@ def test_the_jobset_timeout_counts_from_the_last_resume():
     resumed = (NOW - timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
     status = {"conditions": [condition("Suspended", "False", at=resumed)]}
     assert phase(trainjob(status), timeout=60)[0] is JobPhase.PENDING
-
-
-def test_settings_come_from_tuneloop_kubernetes_variables():
-    settings = settings_from_env(
-        {
-            "TUNELOOP_KUBERNETES_NAMESPACE": "ml",
-            "TUNELOOP_KUBERNETES_TRAINER_IMAGE": "registry.local/trainer:2",
-            "TUNELOOP_KUBERNETES_JOBSET_TIMEOUT": "90",
-            "TUNELOOP_KUBERNETES_MODEL_SECRET": "hf-token",
-        }
-    )
-    assert settings.namespace == "ml"
-    assert settings.manifests.image == "registry.local/trainer:2"
-    assert settings.jobset_timeout == 90.0
-    assert settings.manifests.model_secret == "hf-token"
-    assert settings.watch_timeout == 60  # unset: the default
-
-
-@pytest.mark.parametrize("raw", ["soon", "0", "-5"])
-def test_a_bad_timeout_refuses_to_start(raw):
-    with pytest.raises(ConfigError) as error:
-        settings_from_env({"TUNELOOP_KUBERNETES_JOBSET_TIMEOUT": raw})
-    assert "TUNELOOP_KUBERNETES_JOBSET_TIMEOUT" in str(error.value)
