@@ -6,13 +6,16 @@
    fires once; two more alarms are then suppressed (cooldown) — every decision is read back
    from the audit topic;
 4. the local backend runs the LoRA trainer on SmolLM2-135M (or the tiny model with
-   `TUNELOOP_DEMO_MODEL=tiny`) over a dataset shipped in `docs/examples/datasets/`, with a
-   progress bar;
+   `TUNELOOP_DEMO_MODEL=tiny`) over the dataset shipped with the package
+   (`handlers/demo_data/`), with a progress bar;
 5. print the `finetune.completed` event read back from the output topic, then a generation
    from the base model and from the adapter on one prompt;
 6. stop everything it started.
 
 Everything it writes goes under one run directory (printed at the start; `--keep` keeps it).
+It reads no repository file, so it runs from an installed wheel: its rules and data are
+package data, the trainer's progress bar and generation come from the composition root
+(`handlers/app.py`), and the broker from `devservices/`, imported when the demo starts.
 """
 
 from __future__ import annotations
@@ -30,22 +33,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from devservices.kafka import kafka_for_tests
+from handlers import demo_data
 from handlers.codec import KafkaRecord, decode_record, encode_event
 from orchestrator.events import CloudEvent
 
-REPO = Path(__file__).resolve().parent.parent
-RULES = REPO / "docs" / "examples" / "demo" / "rules.yaml"
-DATASET = Path(
-    os.environ.get("TUNELOOP_DEMO_DATASET")
-    or REPO / "docs" / "examples" / "datasets" / "unit-conversions.jsonl"
-)
-"""The data the fine-tune learns from; `TUNELOOP_DEMO_DATASET` points at your own JSON Lines."""
+DATA = resources.files(demo_data)
+"""The demo's rules (`rules.yaml`) and dataset (`unit-conversions.jsonl`), package data."""
+DATASET_VARIABLE = "TUNELOOP_DEMO_DATASET"
+"""Names a JSON Lines file to fine-tune on instead of the shipped dataset."""
 MODEL_ID = "units-assistant"
 TOPICS = {"in": "demo.events", "out": "demo.finetune", "audit": "demo.audit", "dlq": "demo.dlq"}
 MODELS = {"smollm2": "smollm2-135m", "smollm2-135m": "smollm2-135m", "tiny": "tiny"}
@@ -74,6 +75,11 @@ class DemoRun:
     def worker_log(self) -> Path:
         return self.root / "worker.log"
 
+    @property
+    def dataset(self) -> Path:
+        """The data the fine-tune learns from, copied here so that the trainer reads a file."""
+        return self.root / "dataset.jsonl"
+
 
 def say(message: str) -> None:
     print(message, flush=True)
@@ -87,6 +93,8 @@ def run_demo(*, model: str, keep: bool, timeout: float = 900.0) -> int:
     """Run the demo; return the process exit code."""
     if model not in MODELS:
         raise DemoError(f"unknown demo model {model!r}: use one of {sorted(MODELS)}")
+    from devservices.kafka import kafka_for_tests  # tooling: imported only when a demo runs
+
     # A SIGTERM (a CI timeout, `kill`) must unwind like Ctrl-C, so that the broker, the worker
     # and a running trainer are stopped by the clean-up below instead of being orphaned.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -101,6 +109,7 @@ def run_demo(*, model: str, keep: bool, timeout: float = 900.0) -> int:
             say(f"      ready at {kafka.bootstrap} in {time.monotonic() - started:.1f} s")
             _create_topics(kafka.bootstrap)
             _write_rules(run)
+            _write_dataset(run)
             step(2, 6, "worker: tuneloop run --backend local (its log: worker.log)")
             stack.enter_context(_worker(run, kafka.bootstrap))
             return asyncio.run(_drive(run, kafka.bootstrap, timeout=timeout))
@@ -115,8 +124,16 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _write_dataset(run: DemoRun) -> None:
+    own = os.environ.get(DATASET_VARIABLE)
+    if own:
+        shutil.copyfile(own, run.dataset)
+    else:
+        run.dataset.write_bytes(DATA.joinpath("unit-conversions.jsonl").read_bytes())
+
+
 def _write_rules(run: DemoRun) -> None:
-    text = RULES.read_text(encoding="utf-8")
+    text = DATA.joinpath("rules.yaml").read_text(encoding="utf-8")
     run.rules.write_text(
         text.replace("base_model: smollm2-135m", f"base_model: {run.model}"), encoding="utf-8"
     )
@@ -150,7 +167,12 @@ def _worker(run: DemoRun, bootstrap: str) -> Iterator[subprocess.Popen[bytes]]:
     ]
     with run.worker_log.open("wb") as log:
         process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=run.root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         yield process
@@ -195,12 +217,12 @@ def _event(kind: str, n: int, data: dict[str, Any], source: str) -> CloudEvent:
     )
 
 
-def _data_arrived(n: int) -> CloudEvent:
+def _data_arrived(run: DemoRun, n: int) -> CloudEvent:
     data = {
         "dataset_id": "unit-conversions",
         "model_id": MODEL_ID,
-        "uri": DATASET.as_uri(),
-        "rows": sum(1 for _ in DATASET.open(encoding="utf-8")),
+        "uri": run.dataset.as_uri(),
+        "rows": sum(1 for _ in run.dataset.open(encoding="utf-8")),
         "format": "jsonl",
         "version": str(n),
     }
@@ -254,13 +276,13 @@ async def _drive(run: DemoRun, bootstrap: str, *, timeout: float) -> int:
         await client.start()
     try:
         step(3, 6, f"events: fresh data, then drift alarms for model {MODEL_ID!r}")
-        await _emit(producer, _data_arrived(1))
+        await _emit(producer, _data_arrived(run, 1))
         await _emit(producer, _drift(1, 0.31))
         await _emit(producer, _drift(2, 0.12))  # below threshold: the rule's `where` skips it
         await _emit(producer, _drift(3, 0.35))
         job = await _await_launch(audit, deadline)
         say("      while it trains, more data and two more alarms arrive:")
-        await _emit(producer, _data_arrived(2))
+        await _emit(producer, _data_arrived(run, 2))
         await _emit(producer, _drift(4, 0.40))
         await _emit(producer, _drift(5, 0.42))
         await _await_decisions(audit, deadline, want=3)
@@ -320,10 +342,10 @@ async def _await_decisions(audit: AIOKafkaConsumer, deadline: float, *, want: in
 async def _follow_training(
     run: DemoRun, job: str, out: AIOKafkaConsumer, deadline: float
 ) -> CloudEvent:
-    from runtimes.trainer.progress import BarReporter
+    from handlers.app import progress_bar
 
     log = run.jobs / job / "stdout.log"
-    bar = BarReporter(sys.stdout) if sys.stdout.isatty() else None
+    bar = progress_bar(sys.stdout) if sys.stdout.isatty() else None
     offset = 0
     last_line = 0.0
     while True:
@@ -384,15 +406,15 @@ def _event_json(event: CloudEvent) -> dict[str, Any]:
 
 
 def _compare(run: DemoRun, completed: CloudEvent) -> None:
-    from runtimes.trainer.generating import generate
+    from handlers.app import generate
 
     adapter_uri = completed.data.get("adapter_uri")
     if not adapter_uri:
         raise DemoError("the completion event names no adapter")
     adapter = Path(adapter_uri.removeprefix("file://"))
-    prompt = _demo_prompt()
-    base = _first_line(generate(run.model, prompt, max_new_tokens=24))
-    tuned = _first_line(generate(run.model, prompt, adapter=adapter, max_new_tokens=24))
+    prompt = _demo_prompt(run)
+    base = _first_line(generate(run.model, prompt))
+    tuned = _first_line(generate(run.model, prompt, adapter=adapter))
     say(f"      prompt : {prompt!r}")
     say(f"      base   : {base!r}")
     say(f"      adapter: {tuned!r}")
@@ -403,7 +425,7 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def _demo_prompt() -> str:
-    with DATASET.open(encoding="utf-8") as lines:
+def _demo_prompt(run: DemoRun) -> str:
+    with run.dataset.open(encoding="utf-8") as lines:
         first = json.loads(next(lines))
     return str(first.get("prompt") or first.get("text", "")[:80])

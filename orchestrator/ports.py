@@ -20,13 +20,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from orchestrator.events import CloudEvent
-from orchestrator.jobs.model import JobRef, Observation, TrainingRequest
-
-if TYPE_CHECKING:  # jobs.completion imports this module (EventPublisher)
-    from orchestrator.jobs.completion import JobContext
+from orchestrator.jobs.model import JobContext, JobRef, Observation, TrainingRequest
 
 
 class TrainingBackend(Protocol):

@@ -33,84 +33,18 @@ from typing import Protocol
 from orchestrator.clock import Clock
 from orchestrator.errors import JobRejectedError
 from orchestrator.events import CloudEvent
-from orchestrator.jobs.model import JobPhase, JobRef, JobResult, Observation, TrainingRequest
+from orchestrator.jobs.model import (
+    JobContext,
+    JobPhase,
+    JobRef,
+    JobResult,
+    Observation,
+    TrainingRequest,
+)
 from orchestrator.jobs.tracking import Milestone, next_transition
 from orchestrator.ports import EventPublisher
 from orchestrator.vocabulary import output
 from orchestrator.vocabulary.output import DEFAULT_SOURCE
-
-
-@dataclass(frozen=True, slots=True)
-class JobContext:
-    """What the completion event says about a job besides its phase: where it came from."""
-
-    job: str
-    rule: str
-    rule_version: str
-    key: str
-    decision_id: str
-    causing_event_ids: tuple[str, ...]
-    runtime: str
-    base_model: str
-    dataset: str
-    model_id: str | None = None
-    output_uri: str | None = None
-    launched_at: datetime | None = None
-
-    @classmethod
-    def from_request(
-        cls,
-        request: TrainingRequest,
-        *,
-        launched_at: datetime | None = None,
-        output_uri: str | None = None,
-    ) -> JobContext:
-        """The context of a job about to be launched for *request*."""
-        return cls(
-            job=request.name,
-            rule=request.rule,
-            rule_version=request.rule_version,
-            key=request.key,
-            decision_id=request.decision_id,
-            causing_event_ids=request.causing_event_ids,
-            runtime=request.runtime,
-            base_model=request.base_model,
-            dataset=request.dataset,
-            model_id=request.model_id,
-            output_uri=output_uri if output_uri is not None else request.output_uri,
-            launched_at=launched_at,
-        )
-
-    def as_request(self) -> TrainingRequest:
-        """The request this job was launched for, as far as the event vocabulary needs it."""
-        return TrainingRequest(
-            name=self.job,
-            rule=self.rule,
-            rule_version=self.rule_version,
-            key=self.key,
-            decision_id=self.decision_id,
-            causing_event_ids=self.causing_event_ids,
-            runtime=self.runtime,
-            base_model=self.base_model,
-            dataset=self.dataset,
-            output_uri=self.output_uri,
-            model_id=self.model_id,
-        )
-
-    @classmethod
-    def unknown(cls, job: str) -> JobContext:
-        """A job with no record and no recoverable provenance: only its name is known."""
-        return cls(
-            job=job,
-            rule="",
-            rule_version="",
-            key="",
-            decision_id="",
-            causing_event_ids=(),
-            runtime="",
-            base_model="",
-            dataset="",
-        )
 
 
 @dataclass(frozen=True, slots=True)

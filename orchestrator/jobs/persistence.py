@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.jobs.completion import CompletionRecord, JobContext
-from orchestrator.jobs.model import JobPhase
+from orchestrator.jobs.completion import CompletionRecord
+from orchestrator.jobs.model import JobContext, JobPhase
 from orchestrator.jobs.tracking import Milestone
 from orchestrator.ledger import format_time, parse_time
 

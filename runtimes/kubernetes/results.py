@@ -27,8 +27,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from orchestrator.jobs.completion import JobContext
-from orchestrator.jobs.model import JobResult
+from orchestrator.jobs.model import JobContext, JobResult
 from runtimes.kubernetes import manifests
 
 RESULT_FILE = "result.json"

@@ -8,8 +8,15 @@ import pytest
 
 from orchestrator.clock import FixedClock
 from orchestrator.errors import JobRejectedError
-from orchestrator.jobs.completion import CompletionPublisher, JobContext
-from orchestrator.jobs.model import JobPhase, JobRef, JobResult, Observation, TrainingRequest
+from orchestrator.jobs.completion import CompletionPublisher
+from orchestrator.jobs.model import (
+    JobContext,
+    JobPhase,
+    JobRef,
+    JobResult,
+    Observation,
+    TrainingRequest,
+)
 from orchestrator.testing import InMemoryCompletionStore, RecordingPublisher
 from orchestrator.vocabulary.registry import SchemaRegistry
 
