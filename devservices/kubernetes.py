@@ -67,8 +67,6 @@ TORCH_DISTRIBUTED_RUNTIME = "torch-distributed"
 ETCD_PREFIX = "/tuneloop"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ETCD_WRAPPER_DIR = REPO_ROOT / "deploy" / "local" / "etcd"
-# CI runs in a fresh clone with `shared/` beside it, so this is relative to the repository.
-REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference" / "kubeflow-trainer"
 
 _CRD_FILES = (
     "trainer.kubeflow.org_trainjobs.yaml",
@@ -100,7 +98,7 @@ class Paths:
     runtimes: tuple[Path, ...]
     """ClusterTrainingRuntime manifests to install (the upstream `torch-distributed`)."""
     manifest_source: str
-    """Where the manifests came from, for logs and reports (a module or the reference copy)."""
+    """Where the manifests came from, for logs and reports (the Go module and its version)."""
 
 
 def cache_root() -> Path:
@@ -267,11 +265,28 @@ def build_etcd(cache: Path) -> Path:
     return binary
 
 
-def _trainer_module_dir(cache: Path) -> Path | None:
-    """The Trainer Go module's source tree (it holds the manifests), or None if unreachable."""
+_GET_MANIFESTS = (
+    "run `make services` (it runs `go mod download "
+    f"{TRAINER_MODULE}@{TRAINER_VERSION}` into the cache's Go module cache)"
+)
+"""What to do when the Trainer manifests are missing: named in every such error."""
+
+
+def _trainer_module_dir(cache: Path) -> Path:
+    """The Trainer Go module's source tree, which holds the CRDs and the runtimes.
+
+    `go mod download` answers from the module cache when the module is there, so a warm
+    cache needs no network.
+
+    Raises:
+        KubernetesUnavailableError: Go is missing or the module did not download.
+    """
     go = shutil.which("go")
     if go is None:
-        return None
+        raise KubernetesUnavailableError(
+            f"the Kubeflow Trainer manifests come from the Go module {TRAINER_MODULE}"
+            f"@{TRAINER_VERSION}, and `go` is not on PATH: install Go, then {_GET_MANIFESTS}"
+        )
     cache.mkdir(parents=True, exist_ok=True)
     try:
         downloaded = subprocess.run(
@@ -284,44 +299,38 @@ def _trainer_module_dir(cache: Path) -> Path | None:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        _progress(f"{TRAINER_MODULE}@{TRAINER_VERSION}: download timed out; using the copy")
-        return None
+        raise KubernetesUnavailableError(
+            f"{TRAINER_MODULE}@{TRAINER_VERSION}: the download timed out; {_GET_MANIFESTS}"
+        ) from None
     if downloaded.returncode != 0:
-        _progress(
+        raise KubernetesUnavailableError(
             f"{TRAINER_MODULE}@{TRAINER_VERSION} did not download "
-            f"({downloaded.stdout.strip() or downloaded.stderr.strip()}); "
-            "using the reference copy"
+            f"({downloaded.stdout.strip() or downloaded.stderr.strip()}); {_GET_MANIFESTS}"
         )
-        return None
-    directory = Path(json.loads(downloaded.stdout)["Dir"])
-    return directory if (directory / "manifests" / "base" / "crds").is_dir() else None
+    return Path(json.loads(downloaded.stdout)["Dir"])
 
 
 def trainer_manifests(cache: Path) -> tuple[tuple[Path, ...], tuple[Path, ...], str]:
-    """The Trainer CRDs and the torch-distributed runtime: the v2.3.0 module, else the copy.
+    """The Trainer CRDs and the torch-distributed runtime, from the v2.3.0 Go module.
+
+    There is no other source: the product never reads files outside its package, and a
+    copy in the repository would drift from the version the tests claim to meet.
 
     Returns:
         (crd files, runtime files, a description of the source).
 
     Raises:
-        KubernetesUnavailableError: neither the module nor the reference copy is there.
+        KubernetesUnavailableError: the module is not there; the message says how to get it.
     """
     module = _trainer_module_dir(cache)
-    if module is not None:
-        crds = tuple(module / "manifests" / "base" / "crds" / name for name in _CRD_FILES)
-        runtime = module / "manifests" / "base" / "runtimes" / _RUNTIME_FILE
-        if all(path.is_file() for path in (*crds, runtime)):
-            return crds, (runtime,), f"Go module {TRAINER_MODULE}@{TRAINER_VERSION}"
-    crds = tuple(REFERENCE_DIR / TRAINER_VERSION / name for name in _CRD_FILES)
-    # The runtime file is byte-identical at v2.3.0 and master, so the top-level copy serves.
-    runtime = REFERENCE_DIR / _RUNTIME_FILE
+    crds = tuple(module / "manifests" / "base" / "crds" / name for name in _CRD_FILES)
+    runtime = module / "manifests" / "base" / "runtimes" / _RUNTIME_FILE
     missing = [str(path) for path in (*crds, runtime) if not path.is_file()]
     if missing:
         raise KubernetesUnavailableError(
-            f"no Kubeflow Trainer {TRAINER_VERSION} manifests: the Go module did not download "
-            f"and the reference copy lacks {', '.join(missing)}"
+            f"the Go module {TRAINER_MODULE}@{TRAINER_VERSION} lacks {', '.join(missing)}"
         )
-    return crds, (runtime,), f"reference copy {REFERENCE_DIR / TRAINER_VERSION}"
+    return crds, (runtime,), f"Go module {TRAINER_MODULE}@{TRAINER_VERSION}"
 
 
 def prepare_kubernetes(cache: Path | None = None) -> Paths:

@@ -6,7 +6,7 @@ No server runs here; the real one is exercised by tests/integration/test_kuberne
 from __future__ import annotations
 
 import datetime
-import os
+import shutil
 import socket
 import ssl
 import threading
@@ -267,23 +267,30 @@ def test_a_missing_helm_is_built_and_a_missing_go_is_named(monkeypatch, tmp_path
         local_kubernetes.build_helm(tmp_path)
 
 
-def test_trainer_manifests_fall_back_to_the_reference_copy_without_go(monkeypatch, tmp_path):
-    if not (local_kubernetes.REFERENCE_DIR / "v2.3.0").is_dir():
-        # CI lays shared/ beside the clone, so there a missing copy is a failure; a developer
-        # who cloned elsewhere only loses this one check.
-        message = f"the reference copy is missing: {local_kubernetes.REFERENCE_DIR}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+def test_without_go_the_trainer_manifests_are_refused_naming_the_command(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", "")
 
-    crds, runtimes, source = local_kubernetes.trainer_manifests(tmp_path)
+    with pytest.raises(local_kubernetes.KubernetesUnavailableError) as error:
+        local_kubernetes.trainer_manifests(tmp_path)
 
-    assert source.startswith("reference copy")
+    assert "make services" in str(error.value)
+    assert "go mod download github.com/kubeflow/trainer/v2@v2.3.0" in str(error.value)
+
+
+def test_the_trainer_manifests_come_from_the_v2_3_0_go_module():
+    if shutil.which("go") is None:
+        pytest.skip("needs Go, which `make services` uses to fetch the module")
+    cache = local_kubernetes.cache_root()
+    if not (cache / "go" / "mod" / "github.com" / "kubeflow" / "trainer").is_dir():
+        pytest.skip("the module is not in the cache yet: make services")
+
+    crds, runtimes, source = local_kubernetes.trainer_manifests(cache)
+
+    assert source == "Go module github.com/kubeflow/trainer/v2@v2.3.0"
     assert [p.name for p in crds] == [
         "trainer.kubeflow.org_trainjobs.yaml",
         "trainer.kubeflow.org_trainingruntimes.yaml",
         "trainer.kubeflow.org_clustertrainingruntimes.yaml",
     ]
-    assert all(p.parent.name == "v2.3.0" for p in crds)
+    assert all("v2@v2.3.0" in str(p) for p in (*crds, *runtimes))
     assert [p.name for p in runtimes] == ["torch_distributed.yaml"]
