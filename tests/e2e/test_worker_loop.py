@@ -1,8 +1,10 @@
 """The wired worker on the real broker: events in, one launch, one completion event out.
 
-The backend here is the in-memory one, moved by the test the way a cluster would move a job;
-the local-process and Kubernetes backends are proven against the same contract elsewhere
-(tests/contract) and end to end in tests/e2e/test_local_loop.py.
+The backend here is the in-memory one, moved by the test the way a cluster would move a job,
+so this test is about the worker's wiring (rules, cooldown, forbid, the started and completed
+events), not about training. The same loop with real training, on the local-process backend,
+is tests/e2e/test_local_loop.py; the Kubernetes backend runs it in the fault suites
+(tests/e2e/test_fault_*.py), and all three backends meet one contract in tests/contract.
 """
 
 from __future__ import annotations
