@@ -149,8 +149,8 @@ def run(*, quick: bool) -> list[dict[str, object]]:
     # Each side runs alone, with the cyclic garbage collector on, so each pays for the
     # collections its own allocations cause over its own heap. Interleaving the two (as this
     # benchmark once did) let the collections that the engine's live state makes expensive
-    # fall inside the json.loads batches, charging the baseline for the engine's memory:
-    # 3.6x then, where the engine alone costs about 10x. CPU time of this process only, so
+    # fall inside the json.loads batches, charging the baseline for the engine's memory and
+    # making the ratio look several times better than it is. CPU time of this process only, so
     # other load on the machine falls on neither side; the decode pass runs before and
     # after the engine pass and the two are averaged.
     gc.collect()

@@ -50,8 +50,8 @@ IGNORED = -100
 """The label the causal-LM loss ignores (PyTorch's cross-entropy `ignore_index`)."""
 CPU_THREADS = int(os.environ.get("TUNELOOP_BENCH_CPU_THREADS", "1"))
 """torch threads per process on CPU, the same on both sides. 1 by default: on cores shared
-with other busy processes, OpenMP threads wait on each other and a step takes ~14x longer
-(docs/trainer.md), which would measure the machine's load rather than the code."""
+with other busy processes, OpenMP threads wait on each other and a step takes many times
+longer, which would measure the machine's load rather than the code."""
 
 
 def completion_only_features(

@@ -4,10 +4,11 @@ HF computes logits for every position (batch x length x vocabulary) and then ign
 masked ones. With completion-only or assistant-only loss most positions are masked, and the
 LM head is a large share of a small model's compute (SmolLM2-135M: a 576 x 49,152 matrix,
 ~20 % of its FLOPs). Selecting the trained positions first gives the same loss (to float
-rounding) and, measured on SmolLM2 with 40 % of positions trained, 1.17-1.32x faster steps on
-CPU. `training.py` uses this trainer class for single-process runs on the architectures
-listed below; under DDP the forward must go through the DDP wrapper, so it falls back to the
-stock loss there, as it does for evaluation.
+rounding) and faster steps, the more so the fewer positions are trained; the trainer rows of
+docs/performance.md (`make bench`) show what it is worth against plain HF `Trainer`.
+`training.py` uses this trainer class for single-process runs on the architectures listed
+below; under DDP the forward must go through the DDP wrapper, so it falls back to the stock
+loss there, as it does for evaluation.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 `runtimes/trainer/__main__.py` calls `run(config, reporter)`; tests call it in-process. We use
 transformers' `Trainer` rather than a loop of our own because it already gives what this
-program promises and we measured it not to cost speed on CPU (lora.md §3.2): exact resume
-(optimiser, scheduler and RNG state in each checkpoint, bitwise-equal adapters, §3.6), DDP
-under torchrun with Kubeflow's `PET_*` variables (§3.7), mixed precision, and token counting.
+program promises: exact resume (optimiser, scheduler and RNG state in each checkpoint,
+bitwise-equal adapters), DDP under torchrun with Kubeflow's `PET_*` variables, mixed
+precision, and token counting. What it costs in speed is in the trainer rows of
+docs/performance.md, which compare this program with plain `Trainer` + peft.
 What we add around it: the three record shapes with masked loss, packing, per-architecture
 target modules, eval loss before/after, progress events, typed errors, atomic outputs written
 by rank 0 only.
@@ -40,7 +41,8 @@ from runtimes.trainer.progress import Reporter
 
 DEFAULT_TARGET_MODULES: dict[str, tuple[str, ...]] = {
     # Attention query/value projections: the LoRA paper's choice and the cheapest that works
-    # (lora.md §3.4: all-linear costs +17 % per step on SmolLM2 for little gain on small data).
+    # (all-linear costs more per step, for little gain on small data: measured once while
+    # designing the trainer, not by `make bench`).
     "llama": ("q_proj", "v_proj"),
     "mistral": ("q_proj", "v_proj"),
     "mixtral": ("q_proj", "v_proj"),
