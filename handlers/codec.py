@@ -23,9 +23,9 @@ The rules, as implemented:
 - Key: a record key fills the `partitionkey` extension when the event has none; encoding maps
   `partitionkey` to the record key and keeps it in the event (the binding's key mapper
   "MUST NOT modify the CloudEvent").
-- Attributes: `id`, `source`, `specversion` ("1.0"), `type` required and non-empty; names
-  `[a-z0-9]+` and not `data`; `source` a URI-reference, `dataschema` an absolute URI,
-  `time` and `expirytime` RFC 3339 with an offset, `datacontenttype` an RFC 2046 media type.
+- Attributes and the JSON event format (structured mode's envelope, a batch's elements): the
+  core's `orchestrator/event_json.py`, the one JSON form of an event, which the rule engine's
+  stored state and `tuneloop simulate` use too.
 - Data: JSON (by `datacontenttype` `application/json`, `*/*+json`, `text/json`, or absent) is
   parsed into a Python value; any other content type keeps bytes (binary mode,
   `data_base64`) or the JSON value the envelope carried (structured `data`).
@@ -33,22 +33,37 @@ The rules, as implemented:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from types import MappingProxyType
 from typing import Any
 
+from orchestrator import event_json
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent, ExtensionValue
 from orchestrator.rules.state import InputPosition
 from orchestrator.vocabulary.rejections import Rejection
 from orchestrator.vocabulary.timestamps import format_rfc3339, parse_rfc3339
+
+__all__ = [
+    "BATCH_CONTENT_TYPE",
+    "CONTENT_TYPE_HEADER",
+    "HEADER_PREFIX",
+    "STRUCTURED_CONTENT_TYPE",
+    "EncodingMode",
+    "Headers",
+    "KafkaRecord",
+    "RecordInfo",
+    "decode_record",
+    "encode_batch",
+    "encode_event",
+    "envelope_of",
+    "is_json_content_type",
+    "mode_of",
+    "parse_rfc3339",
+]
 
 Headers = tuple[tuple[str, bytes], ...]
 """Kafka headers as on the wire: ordered, names may repeat."""
@@ -57,19 +72,6 @@ STRUCTURED_CONTENT_TYPE = "application/cloudevents+json; charset=UTF-8"
 BATCH_CONTENT_TYPE = "application/cloudevents-batch+json; charset=UTF-8"
 CONTENT_TYPE_HEADER = "content-type"
 HEADER_PREFIX = "ce_"
-
-_CONTEXT_ATTRIBUTES = frozenset(
-    {"id", "source", "specversion", "type", "subject", "time", "datacontenttype", "dataschema"}
-)
-_REQUIRED = ("id", "source", "specversion", "type")
-_COMMON_NAMES = _CONTEXT_ATTRIBUTES | {"partitionkey", "expirytime"}
-"""Attribute names known to be valid, so the name rule need not run its regex on them."""
-_NAME = re.compile(r"[a-z0-9]+")
-# RFC 3986 characters (unreserved, reserved, and '%' for percent-encoding).
-_URI_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
-_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
-_MEDIA_TYPE = re.compile(r"[A-Za-z0-9!#$&^_.+\-]+/[A-Za-z0-9!#$&^_.+\-]+(\s*;.*)?", re.DOTALL)
-_INT32 = (-(2**31), 2**31 - 1)
 
 
 class EncodingMode(enum.StrEnum):
@@ -159,11 +161,11 @@ def decode_record(record: KafkaRecord, *, max_event_bytes: int) -> tuple[CloudEv
         events = []
         for index, element in enumerate(envelope):
             try:
-                events.append(_decode_envelope(element, key))
+                events.append(event_json.from_json(element, key=key))
             except InvalidEventError as exc:
                 raise InvalidEventError(exc.code, f"batch element {index}: {exc.message}") from exc
         return tuple(events)
-    return (_decode_envelope(envelope, key),)
+    return (event_json.from_json(envelope, key=key),)
 
 
 def mode_of(content_type: str | None) -> EncodingMode:
@@ -243,7 +245,7 @@ def _decode_binary(value: bytes | None, headers: Mapping[str, str], key: str | N
             if (is_json_content_type(declared))
             else bytes(value)
         )
-    return _build_event(attributes, data, key)
+    return event_json.from_attributes(attributes, data, key=key)
 
 
 def _check_structured_format(content_type: str) -> None:
@@ -253,28 +255,6 @@ def _check_structured_format(content_type: str) -> None:
             Rejection.FORMAT_UNSUPPORTED,
             f"structured mode with {media!r}: only the JSON event format is supported",
         )
-
-
-def _decode_envelope(envelope: object, key: str | None) -> CloudEvent:
-    if not isinstance(envelope, dict):
-        raise InvalidEventError(Rejection.ENVELOPE_NOT_OBJECT, "the event is not a JSON object")
-    members = dict(envelope)
-    has_data = "data" in members
-    has_base64 = "data_base64" in members
-    if has_data and has_base64:
-        raise InvalidEventError(Rejection.DATA_CONFLICT, "both data and data_base64 are set")
-    data: Any = members.pop("data", None)
-    encoded = members.pop("data_base64", None)
-    if encoded is not None:
-        if not isinstance(encoded, str):
-            raise InvalidEventError(Rejection.DATA_CONFLICT, "data_base64 is not a string")
-        try:
-            data = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidEventError(Rejection.DATA_CONFLICT, "data_base64 is not base64") from None
-    # The JSON format says a null attribute value is the same as an absent attribute.
-    attributes = {name: value for name, value in members.items() if value is not None}
-    return _build_event(attributes, data, key)
 
 
 def _parse_json(raw: bytes | None, code: Rejection, *, what: str) -> Any:
@@ -316,96 +296,6 @@ _STRICT_JSON = json.JSONDecoder(
 )
 
 
-def _build_event(attributes: Mapping[str, Any], data: Any, key: str | None) -> CloudEvent:
-    _check_names_and_required(attributes)
-    _check_formats(attributes)
-    source: str = attributes["source"]
-    dataschema = attributes.get("dataschema")
-    content_type = attributes.get("datacontenttype")
-    time_text = attributes.get("time")
-    extensions: dict[str, ExtensionValue] = {}
-    for name, value in attributes.items():
-        if name in _CONTEXT_ATTRIBUTES:
-            continue
-        extensions[name] = _extension_value(name, value)
-    if "expirytime" in extensions:
-        parse_rfc3339(str(extensions["expirytime"]), attribute="expirytime")
-    if key is not None and "partitionkey" not in extensions:
-        extensions["partitionkey"] = key
-    return CloudEvent(
-        id=attributes["id"],
-        source=source,
-        type=attributes["type"],
-        specversion="1.0",
-        subject=attributes.get("subject"),
-        time=None if time_text is None else parse_rfc3339(time_text, attribute="time"),
-        datacontenttype=content_type,
-        dataschema=dataschema,
-        data=data,
-        extensions=MappingProxyType(extensions),
-    )
-
-
-def _check_names_and_required(attributes: Mapping[str, Any]) -> None:
-    for name in attributes:
-        if name not in _COMMON_NAMES and (not _NAME.fullmatch(name) or name == "data"):
-            raise InvalidEventError(
-                Rejection.ATTRIBUTE_NAME_INVALID,
-                f"attribute name {name!r} must be lower-case a-z and 0-9 and not 'data'",
-            )
-    for name in _REQUIRED:
-        if name not in attributes:
-            raise InvalidEventError(Rejection.ATTRIBUTE_MISSING, f"required {name!r} is missing")
-    for name in _CONTEXT_ATTRIBUTES:
-        value = attributes.get(name)
-        if value is not None and not isinstance(value, str):
-            raise InvalidEventError(
-                Rejection.ATTRIBUTE_INVALID,
-                f"{name!r} must be a string, got {type(value).__name__}",
-            )
-    if attributes["specversion"] != "1.0":
-        raise InvalidEventError(
-            Rejection.SPECVERSION_UNSUPPORTED,
-            f"specversion {attributes['specversion']!r} is not supported (only '1.0')",
-        )
-    for name in ("id", "source", "type", "subject"):
-        if name in attributes and attributes[name] == "":
-            raise InvalidEventError(Rejection.ATTRIBUTE_INVALID, f"{name!r} must not be empty")
-
-
-def _check_formats(attributes: Mapping[str, Any]) -> None:
-    source: str = attributes["source"]
-    if not _URI_CHARS.fullmatch(source):
-        raise InvalidEventError(
-            Rejection.ATTRIBUTE_INVALID, f"source {source!r} is not a URI-reference"
-        )
-    dataschema = attributes.get("dataschema")
-    if dataschema is not None and not (
-        _URI_CHARS.fullmatch(dataschema) and _URI_SCHEME.match(dataschema)
-    ):
-        raise InvalidEventError(
-            Rejection.ATTRIBUTE_INVALID, f"dataschema {dataschema!r} is not an absolute URI"
-        )
-    content_type = attributes.get("datacontenttype")
-    if content_type is not None and not _MEDIA_TYPE.fullmatch(content_type.strip()):
-        raise InvalidEventError(
-            Rejection.ATTRIBUTE_INVALID,
-            f"datacontenttype {content_type!r} is not an RFC 2046 media type",
-        )
-
-
-def _extension_value(name: str, value: Any) -> ExtensionValue:
-    # JSON gives bool for true/false and int for integral numbers; both are CloudEvents types.
-    if isinstance(value, bool | str):
-        return value
-    if isinstance(value, int) and _INT32[0] <= value <= _INT32[1]:
-        return value
-    raise InvalidEventError(
-        Rejection.ATTRIBUTE_INVALID,
-        f"extension {name!r} must be a string, a 32-bit integer or a boolean",
-    )
-
-
 # --------------------------------------------------------------------------- encoding
 
 
@@ -441,28 +331,8 @@ def encode_batch(events: Sequence[CloudEvent]) -> KafkaRecord:
     )
 
 
-def envelope_of(event: CloudEvent) -> dict[str, Any]:
-    """The JSON event format of *event* as a mapping (what structured mode writes)."""
-    envelope: dict[str, Any] = {
-        "specversion": event.specversion,
-        "id": event.id,
-        "source": event.source,
-        "type": event.type,
-    }
-    for name, value in (
-        ("subject", event.subject),
-        ("time", None if event.time is None else format_rfc3339(event.time)),
-        ("datacontenttype", event.datacontenttype),
-        ("dataschema", event.dataschema),
-    ):
-        if value is not None:
-            envelope[name] = value
-    envelope.update(event.extensions)
-    if isinstance(event.data, bytes | bytearray):
-        envelope["data_base64"] = base64.b64encode(bytes(event.data)).decode("ascii")
-    elif event.data is not None:
-        envelope["data"] = event.data
-    return envelope
+envelope_of = event_json.to_json
+"""The JSON event format of an event as a mapping (what structured mode writes)."""
 
 
 def _attribute_texts(event: CloudEvent) -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ import typer
 import yaml
 
 from handlers.codec import KafkaRecord, decode_record
+from orchestrator import event_json
 from orchestrator.errors import ConfigError, InvalidEventError
 from orchestrator.events import CloudEvent
 from orchestrator.ledger import (
@@ -34,7 +35,6 @@ from orchestrator.rules.durations import DurationError, parse_duration
 from orchestrator.rules.model import RuleSet
 from orchestrator.rules.parsing import RuleFileError
 from orchestrator.rules.simulation import Simulation, simulate
-from orchestrator.rules.state import event_from_json
 from orchestrator.vocabulary.registry import SchemaRegistry
 
 AUDIT_READ_IDLE_MS = 3000
@@ -90,8 +90,8 @@ def _parse_event(data: Any) -> CloudEvent:
     Raises:
         ValueError: saying what is wrong.
     """
-    event = event_from_json(data)
     try:
+        event = event_json.from_json(data)
         vocabulary().validate(event, accept_unknown=True)
     except InvalidEventError as exc:
         raise ValueError(exc.message) from exc

@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from orchestrator import event_json
 from orchestrator.events import CloudEvent
-from orchestrator.rules.state import Buffered, InputPosition, KeyState, RuleState, event_to_json
+from orchestrator.rules.state import Buffered, InputPosition, KeyState, RuleState
 
 
 def already_counted(rule_state: RuleState, identity: str) -> bool:
@@ -82,7 +83,7 @@ def hold(
 ) -> KeyState:
     """*state* with *event* held in the buffer until its allowed *lateness* has passed."""
     held = Buffered(
-        event=event_to_json(event), identity=identity, time=time, release_at=time + lateness
+        event=event_json.to_json(event), identity=identity, time=time, release_at=time + lateness
     )
     buffer = tuple(sorted((*state.buffer, held), key=lambda b: (b.time, b.identity)))
     return replace(state, buffer=buffer)

@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from orchestrator import event_json
 from orchestrator.events import CloudEvent
 from orchestrator.ledger import DecisionRecord, Outcome, Reason
 from orchestrator.rules import arrival, matching, pruning, timers, windows
@@ -50,7 +51,7 @@ from orchestrator.rules.expressions import EvaluationError
 from orchestrator.rules.launching import attempt, consider
 from orchestrator.rules.model import RuleSet
 from orchestrator.rules.records import Decider
-from orchestrator.rules.state import InputPosition, KeyState, event_from_json, identity
+from orchestrator.rules.state import InputPosition, KeyState, identity
 from orchestrator.rules.timers import next_wakeup
 
 __all__ = [
@@ -235,7 +236,7 @@ def _advance(
     records: list[DecisionRecord] = []
     timers_due = bool(state.wakeups) and now >= state.wakeups[0]
     state, held = arrival.release(state, cutoff=cutoff)
-    released = [(item.time, event_from_json(item.event)) for item in held]
+    released = [(item.time, event_json.from_json(item.event)) for item in held]
     if due is not None:
         released.append(due)
     for time, event in released:

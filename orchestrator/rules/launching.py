@@ -21,13 +21,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from orchestrator import event_json
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.naming import job_name
 from orchestrator.ledger import DecisionRecord, Outcome, Reason, decision_id, format_time
 from orchestrator.rules.model import Concurrency, Mode
 from orchestrator.rules.records import Decider
 from orchestrator.rules.rendering import render
-from orchestrator.rules.state import Pending, RuleState, event_to_json
+from orchestrator.rules.state import Pending, RuleState
 from orchestrator.rules.templating import TemplateError
 from orchestrator.rules.windows import (
     DAY,
@@ -78,7 +79,7 @@ def consider(
         # A launch already waits: coalesce this event into it rather than queue a second.
         coalesced = replace(
             pending,
-            event=event_to_json(event),
+            event=event_json.to_json(event),
             event_ids=merge(pending.event_ids, window_ids(rule_state)),
         )
         rule_state = replace(rule_state, pending=coalesced)
@@ -87,7 +88,7 @@ def consider(
         )
     if rule.debounce is not None:
         return _debounce(decider, rule_state, time=time, event=event, how_far=how_far)
-    return attempt(decider, rule_state, at=time, event=event_to_json(event), deciding=ids)
+    return attempt(decider, rule_state, at=time, event=event_json.to_json(event), deciding=ids)
 
 
 def _debounce(
@@ -105,7 +106,7 @@ def _debounce(
         reason=Reason.DEBOUNCE_PENDING,
         since=since,
         due=due,
-        event=event_to_json(event),
+        event=event_json.to_json(event),
         event_ids=merge(earlier, window_ids(rule_state)),
     )
     rule_state = replace(rule_state, pending=waiting)

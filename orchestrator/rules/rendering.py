@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from orchestrator import event_json
 from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
 from orchestrator.rules.expressions import Activation, event_variables
 from orchestrator.rules.records import Decider
-from orchestrator.rules.state import RuleState, event_from_json
+from orchestrator.rules.state import RuleState
 from orchestrator.rules.templating import Template, TemplateError, check_value
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -46,7 +47,7 @@ def render(
             runtime is outside the allowlist.
     """
     rule, rules, key = decider.rule, decider.rules, decider.key
-    completing = event_from_json(event)
+    completing = event_json.from_json(event)
     completing_time = completing.event_time(_EPOCH)
     entries = rule_state.entries
     window = {
@@ -57,7 +58,9 @@ def render(
         "event_ids": list(ids),
     }
     joined = {
-        type_name: event_variables(event_from_json(item.event), time=item.time, data_fields=None)
+        type_name: event_variables(
+            event_json.from_json(item.event), time=item.time, data_fields=None
+        )
         for type_name, item in rule_state.joined.items()
     }
     activation = Activation(

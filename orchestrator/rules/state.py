@@ -12,7 +12,6 @@ The JSON form is `STATE_FORMAT` 1; states written by earlier versions load uncha
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,86 +22,6 @@ from orchestrator.events import CloudEvent
 from orchestrator.ledger import Reason, format_time, parse_time
 
 STATE_FORMAT = 1
-
-
-def event_to_json(event: CloudEvent) -> dict[str, Any]:
-    """A structured-mode CloudEvents JSON object for *event* (bytes data as `data_base64`)."""
-    out: dict[str, Any] = {
-        "specversion": event.specversion,
-        "id": event.id,
-        "source": event.source,
-        "type": event.type,
-    }
-    for name in ("subject", "datacontenttype", "dataschema"):
-        value = getattr(event, name)
-        if value is not None:
-            out[name] = value
-    if event.time is not None:
-        out["time"] = format_time(event.time)
-    if isinstance(event.data, bytes | bytearray):
-        out["data_base64"] = base64.b64encode(bytes(event.data)).decode()
-    elif event.data is not None:
-        out["data"] = event.data
-    out.update(event.extensions)
-    return out
-
-
-_CORE = frozenset(
-    {
-        "specversion",
-        "id",
-        "source",
-        "type",
-        "subject",
-        "time",
-        "datacontenttype",
-        "dataschema",
-        "data",
-        "data_base64",
-    }
-)
-
-
-def event_from_json(data: Any) -> CloudEvent:
-    """A `CloudEvent` from a structured-mode JSON object.
-
-    Raises:
-        ValueError: with a message naming the attribute that is missing or wrong.
-    """
-    if not isinstance(data, Mapping):
-        raise ValueError("a CloudEvent must be a JSON object")
-    if data.get("specversion") != "1.0":
-        raise ValueError(f"specversion must be '1.0', got {data.get('specversion')!r}")
-    for name in ("id", "source", "type"):
-        if not isinstance(data.get(name), str) or not data[name]:
-            raise ValueError(f"required attribute {name!r} is missing or empty")
-    for name in ("subject", "datacontenttype", "dataschema"):
-        if name in data and not isinstance(data[name], str):
-            raise ValueError(f"attribute {name!r} must be a string")
-    time = parse_time(data["time"]) if data.get("time") is not None else None
-    payload: Any = data.get("data")
-    if "data_base64" in data:
-        payload = base64.b64decode(data["data_base64"])
-    extensions = {}
-    for name, value in data.items():
-        if name in _CORE:
-            continue
-        if not name.isalnum() or name.lower() != name or len(name) > 20:
-            raise ValueError(f"bad extension attribute name {name!r}")
-        if not isinstance(value, str | int | bool):
-            raise ValueError(f"extension {name!r} must be a string, integer or boolean")
-        extensions[name] = value
-    return CloudEvent(
-        id=data["id"],
-        source=data["source"],
-        type=data["type"],
-        subject=data.get("subject"),
-        time=time,
-        datacontenttype=data.get("datacontenttype"),
-        dataschema=data.get("dataschema"),
-        data=payload,
-        extensions=MappingProxyType(extensions),
-    )
 
 
 def identity(event: CloudEvent) -> str:

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from orchestrator import event_json
 from orchestrator.events import CloudEvent
 from orchestrator.rules.durations import format_duration
 from orchestrator.rules.expressions import Activation, EvaluationError
 from orchestrator.rules.model import Join, Rule
-from orchestrator.rules.state import Entry, Joined, RuleState, event_to_json
+from orchestrator.rules.state import Entry, Joined, RuleState
 
 DAY = timedelta(days=1)
 """How long launch times are kept: `max_launches_per_day` counts the launches of a day."""
@@ -83,7 +84,7 @@ def join(
     joined = dict(rule_state.joined)
     newer = joined.get(join.type)
     if newer is None or newer.time <= time:
-        joined[join.type] = Joined(event=event_to_json(event), identity=identity, time=time)
+        joined[join.type] = Joined(event=event_json.to_json(event), identity=identity, time=time)
     return replace(rule_state, joined=joined)
 
 

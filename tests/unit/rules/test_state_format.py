@@ -6,21 +6,27 @@ was split by concern (the single `engine.py`): a key with counted, summed, debou
 and budgeted rules, a launch behind it, an event still held, and a second key with a join.
 It holds what that engine decided next from the state (a timer, a job finishing, an event),
 so a change in how the state is read shows as a changed decision.
+
+The events a state holds (held, joined, waiting to launch) are written in the CloudEvents JSON
+event format, the one the codec's structured mode writes.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 
+from orchestrator import event_json
 from orchestrator.ledger import Reason
 from orchestrator.rules import engine
 from orchestrator.rules.engine import InputPosition, JobFinished, KeyState
 from orchestrator.rules.parsing import Source, parse_files
-from tests.unit.rules.builders import at, drift
+from tests.unit.rules.builders import DRIFT, at, drift, one_rule
 
 FIXTURE = Path(__file__).parent / "fixtures" / "key_state_written_before_the_split.json"
 
@@ -78,3 +84,21 @@ def test_an_old_state_goes_on_deciding_as_the_old_engine_did(written: dict[str, 
     ]
     assert decided == written["after_tick_observe_evaluate"]
     assert state.to_json() == written["final_state"]
+
+
+def test_a_held_event_is_stored_in_the_cloudevents_json_format() -> None:
+    rules = one_rule("count: 2\nwindow: 1h\n", header="allowed_lateness: 5m\n")
+    event = replace(drift(1, 0), extensions=MappingProxyType({"partitionkey": "m1"}))
+    state, _ = engine.evaluate(rules, None, event, key="m1", now=at(1))
+    stored = state.to_json()["buffer"][0]["event"]
+    assert stored == {
+        "specversion": "1.0",
+        "id": "d1",
+        "source": "/monitors/eval",
+        "type": DRIFT,
+        "time": "2026-03-01T08:00:00Z",
+        "partitionkey": "m1",
+        "data": {"model_id": "m1", "value": 0.5, "threshold": 0.2},
+    }
+    (held,) = KeyState.from_json(state.to_json()).buffer
+    assert event_json.from_json(held.event) == event
