@@ -9,8 +9,8 @@ line before its fence, which a reader of the rendered page does not see:
 
     <!-- needs: kafka -->
 
-Such a block is compiled here, and skipped when it comes to running (it is a fragment of the
-code it belongs to, which has the service).
+Such a block is compiled here and run by tests/integration/test_docs_snippets.py, on the real
+service.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def runnable(*languages: str) -> list[object]:
         pytest.param(
             body,
             id=name,
-            marks=[pytest.mark.skip(reason=f"needs {needs}; a fragment of code that has it")]
+            marks=[pytest.mark.skip(reason=f"needs {needs}: run by tests/integration")]
             if needs
             else [],
         )
