@@ -150,7 +150,8 @@ def evaluate(
     """
     state = state or KeyState()
     time = event.event_time(arrived_at or now)
-    names = matching.rules_for_key(rules, event, key=key, time=time)
+    reaching = matching.for_key(matching.matches(rules, event, time=time), key)
+    names = matching.rule_names(reaching)
     if not names:
         return _advance(rules, state, key, now)
     ident = identity(event)
@@ -180,7 +181,7 @@ def evaluate(
         )
     if not state.buffer and time <= now - rules.allowed_lateness:
         # Nothing held and the event is due: no need to hold it.
-        return _advance(rules, state, key, now, due=(time, event))
+        return _advance(rules, state, key, now, due=(time, event, reaching))
     state = arrival.hold(state, event, identity=ident, time=time, lateness=rules.allowed_lateness)
     return _advance(rules, state, key, now)
 
@@ -223,29 +224,40 @@ def _advance(
     key: str,
     now: datetime,
     *,
-    due: tuple[datetime, CloudEvent] | None = None,
+    due: tuple[datetime, CloudEvent, tuple[matching.Match, ...]] | None = None,
     changed: str | None = None,
 ) -> tuple[KeyState, tuple[DecisionRecord, ...]]:
     """Process held events due by *now* in event-time order, with timers in between.
 
-    *due* is an event (with its time) that needs no holding: nothing else is held and its time
-    has come; it was already checked not to be a duplicate for any rule routed to *key*.
+    *due* is an event (with its time and its matches under *key*) that needs no holding:
+    nothing else is held and its time has come; it was already checked not to be a duplicate
+    for any rule routed to *key*.
     *changed* names a rule whose state the caller changed without a record (a job ended).
     """
     cutoff = now - rules.allowed_lateness
     records: list[DecisionRecord] = []
     timers_due = bool(state.wakeups) and now >= state.wakeups[0]
     state, held = arrival.release(state, cutoff=cutoff)
-    released = [(item.time, event_json.from_json(item.event)) for item in held]
+    released: list[tuple[datetime, CloudEvent, tuple[matching.Match, ...] | None]] = [
+        (item.time, event_json.from_json(item.event), None) for item in held
+    ]
     if due is not None:
         released.append(due)
-    for time, event in released:
+    for time, event, found in released:
         # Timers due before this event fire first, exactly as if no event had been held.
         if timers_due:
             state = timers.fire_due(
                 rules, state, key=key, until=time, inclusive=False, records=records
             )
-        state = _process(rules, state, key=key, event=event, time=time, records=records)
+        # A held event is matched when it is released, by the rules in force then.
+        reaching = (
+            found
+            if found is not None
+            else matching.for_key(matching.matches(rules, event, time=time), key)
+        )
+        state = _process(
+            rules, state, key=key, event=event, time=time, reaching=reaching, records=records
+        )
     if timers_due or released:
         state = timers.fire_due(
             rules, state, key=key, until=cutoff, inclusive=True, records=records
@@ -265,17 +277,16 @@ def _process(
     key: str,
     event: CloudEvent,
     time: datetime,
+    reaching: tuple[matching.Match, ...],
     records: list[DecisionRecord],
 ) -> KeyState:
-    """Count (or join) one released event into every rule routed to *key*, then decide, and
-    advance the horizon to it; the records are appended to *records*."""
+    """Count (or join) one released event into every rule it *reaches* under *key*, then
+    decide, and advance the horizon to it; the records are appended to *records*."""
     ident = identity(event)
     behind = state.horizon is not None and time < state.horizon  # a re-delivered event
     updated = dict(state.rules)
     ids = (event.id,)
-    for match in matching.matches(rules, event, time=time):
-        if match.key != key:
-            continue
+    for match in reaching:
         rule = match.trigger.rule
         decider = Decider(rules, rule, key)
         rule_state = windows.expire(rule, updated.get(rule.name) or state.rule(rule.name), time)

@@ -3,7 +3,9 @@
 A rule reaches an event through its `on` selector or one of its joins (each a `Trigger`): the
 event's type and source must match, its `where` must be true, and its key expression must give
 a non-empty string. `engine.route` asks this of every event to repartition it by key;
-`engine.evaluate` asks it again for the key it was routed to, so both always agree.
+`engine.evaluate` asks it again for the key it was routed to, so both always agree, and
+counts the event into the rules it found (and, for an event it held, the rules it finds when
+it releases it: a rule set reloaded meanwhile decides).
 """
 
 from __future__ import annotations
@@ -70,9 +72,12 @@ def _match(trigger: Trigger, seen: Activation) -> Match | None:
     return Match(trigger, key)
 
 
-def rules_for_key(
-    rules: RuleSet, event: CloudEvent, *, key: str, time: datetime
-) -> tuple[str, ...]:
-    """The names of the rules that reach *event* under *key*, each once, in rule-set order."""
-    names = {m.trigger.rule.name: None for m in matches(rules, event, time=time) if m.key == key}
-    return tuple(names)
+def for_key(found: tuple[Match, ...], key: str) -> tuple[Match, ...]:
+    """The matches of *found* under *key*."""
+    return tuple(match for match in found if match.key == key)
+
+
+def rule_names(found: tuple[Match, ...]) -> tuple[str, ...]:
+    """The names of the rules of *found*, each once (a rule matches twice when an event is
+    both its `on` event and one of its joins), in rule-set order."""
+    return tuple(dict.fromkeys(match.trigger.rule.name for match in found))
