@@ -11,9 +11,9 @@ replace it. docs/performance.md has the figures of the last `make bench`.
 
 Not measured here, because a worker pays them elsewhere: building the `CloudEvent` from the
 decoded dict, storing the key state (the wiring writes `KeyState.to_json()` to a faust Table
-and reads it back), and serializing records for the audit topic. A `DecisionRecord` derives
-its `decision_id`, and an accumulate record its message, when they are first read, so that
-hashing and formatting is part of publishing (`to_json`), not of this measure.
+and reads it back), and serializing records for the audit topic. The engine builds each
+`DecisionRecord` whole, its `decision_id` hashed and its message written, so that part of
+publishing is in this measure.
 """
 
 from __future__ import annotations
