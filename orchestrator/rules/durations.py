@@ -6,7 +6,6 @@ decision messages and in `tuneloop check` output so that people read back what t
 
 from __future__ import annotations
 
-import functools
 import re
 from datetime import timedelta
 
@@ -35,7 +34,6 @@ def parse_duration(text: object) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-@functools.lru_cache(maxsize=256)
 def format_duration(value: timedelta) -> str:
     """The shortest rule-file spelling of *value* (`1h30m`, `2d`, `0s`)."""
     remaining = int(value.total_seconds())

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from orchestrator.events import CloudEvent
 from orchestrator.rules.expressions import Activation, EvaluationError, event_variables
-from orchestrator.rules.model import RuleSet, Trigger, accepts_source
+from orchestrator.rules.model import RuleSet, Trigger
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ def matches(rules: RuleSet, event: CloudEvent, *, time: datetime) -> tuple[Match
     seen = activation(rules, event, time=time)
     found = []
     for trigger in triggers:
-        if accepts_source(trigger.sources, event.source):
+        if trigger.accepts_source(event.source):
             match = _match(trigger, seen)
             if match is not None:
                 found.append(match)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import fnmatch
-import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,14 +59,15 @@ class Selector:
         return accepts_source(self.sources, source)
 
 
-@functools.lru_cache(maxsize=1024)
-def _glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+def source_pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One regular expression for the glob *patterns* (None when there are none)."""
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns)) if patterns else None
 
 
 def accepts_source(patterns: tuple[str, ...], source: str) -> bool:
     """Whether *source* matches one of the glob *patterns* (none: every source)."""
-    return not patterns or _glob(patterns).match(source) is not None
+    pattern = source_pattern(patterns)
+    return pattern is None or pattern.match(source) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +153,7 @@ class Trigger:
     sources: tuple[str, ...] = field(init=False, repr=False, compare=False)
     where: Expression | None = field(init=False, repr=False, compare=False)
     key: Expression = field(init=False, repr=False, compare=False)
+    _sources: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         join = self.join
@@ -163,6 +164,11 @@ class Trigger:
         )
         for name, value in zip(("sources", "where", "key"), derived, strict=True):
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "_sources", source_pattern(self.sources))
+
+    def accepts_source(self, source: str) -> bool:
+        """Whether this way in accepts events from *source* (no globs: every source)."""
+        return self._sources is None or self._sources.match(source) is not None
 
 
 @dataclass(frozen=True, slots=True)
