@@ -2,12 +2,12 @@
 
 A real `tuneloop run --backend kubernetes` has created some TrainJobs when the test stops the
 local API server (etcd keeps its data) and keeps producing. Launches decided meanwhile fail
-with connection refused: the backend retries, then the service retries with backoff without
-giving up, holding the key's partition so that decisions keep their order. When the server
-returns, the backlog drains: exactly one TrainJob for each model the stream plan sent three
-qualifying alarms and none for the others (a create whose answer was lost is recognised by
-its decision id, not doubled), and the job watch resumes, so each job gets exactly one
-`finetune.completed` event id.
+with connection refused: the backend tries once, and the service (the one owner of retries)
+retries with backoff without giving up, holding the key's partition so that decisions keep
+their order. When the server returns, the backlog drains: exactly one TrainJob for each
+model the stream plan sent three qualifying alarms and none for the others (a create whose
+answer was lost is recognised by its decision id, not doubled), and the job watch resumes,
+so each job gets exactly one `finetune.completed` event id.
 """
 
 from __future__ import annotations
