@@ -1,7 +1,8 @@
 """faust's Kafka consumer, mended so that a record read around a seek is never skipped.
 
-`build_intake` installs it with `use_seek_safe_consumer(app)`. Pinned to the faust-streaming
-release `FAUST_RELEASE` (pyproject.toml): it replaces faust's fetch loop and wraps its seek.
+`handlers/faust_app.py` installs it on every App with `use_seek_safe_consumer(app)`. Pinned
+to the faust-streaming release `FAUST_RELEASE` (pyproject.toml): it replaces faust's fetch
+loop and wraps its seek.
 
 What goes wrong without it (faust-streaming 0.15.3; seen in the restarted-worker test of
 tests/integration/test_intake.py once in 10 to 40 runs, more often on a loaded machine, and

@@ -3,7 +3,7 @@
 `Settings.from_env()` is called by the composition root (`handlers/app.py`, the CLI) and the
 result is passed explicitly to whatever needs it; nothing here is a singleton. Every field
 has an attribute docstring giving its unit, its default and why the default is what it is;
-`docs/operations.md` is generated from these docstrings.
+`docs/reference/settings.md` is generated from these docstrings.
 
 Settings are not rules: what to train and when lives in versioned rule files. These are the
 knobs of the process (where Kafka is, how big an event may be).
