@@ -1,0 +1,90 @@
+"""The composition root wires one App, and picks the backend the settings name.
+
+Building a worker connects to nothing (faust connects when the App starts), so the wiring is
+checked here without a broker; tests/e2e/test_worker_loop.py runs a wired worker for real.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handlers.app import build_worker, make_backend
+from orchestrator.clock import FixedClock
+from orchestrator.errors import ConfigError
+from orchestrator.settings import BackendKind, KafkaSettings, Settings, WorkerSettings
+from orchestrator.testing import InMemoryBackend
+from runtimes.localprocess.backend import LocalProcessBackend
+from tests.unit.rules.builders import at
+
+RULES = """
+runtimes: [torch-distributed]
+rules:
+  - name: drift-retrain
+    on:
+      type: io.tuneloop.drift.detected.v1
+    key: "event.data.model_id"
+    window: 6h
+    count: 2
+    launch:
+      runtime: torch-distributed
+      base_model: "tiny"
+      dataset: "file:///data/${ key }.jsonl"
+"""
+
+
+@pytest.fixture
+def rules(tmp_path: Path) -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    return path
+
+
+def settings(**worker: Any) -> Settings:
+    return Settings(kafka=KafkaSettings(group_id="root-test"), worker=WorkerSettings(**worker))
+
+
+def test_the_intake_agents_and_the_worker_tables_share_one_app(rules: Path) -> None:
+    clock = FixedClock(at(0))
+    worker = build_worker(settings(rules=(rules,)), backend=InMemoryBackend(clock), clock=clock)
+
+    assert worker.intake.app is worker.app
+    assert {"tuneloop-intake", "tuneloop-keyed"} <= {
+        agent.name for agent in worker.app.agents.values()
+    }
+    assert {"tuneloop-rule-state", "tuneloop-jobs", "tuneloop-seen"} <= set(worker.app.tables)
+    assert worker.orchestrator.rules.rules[0].name == "drift-retrain"
+
+
+def test_rule_paths_given_to_build_worker_win_over_the_settings(rules: Path) -> None:
+    clock = FixedClock(at(0))
+    worker = build_worker(
+        settings(rules=(Path("/nonexistent/rules.yaml"),)),
+        backend=InMemoryBackend(clock),
+        clock=clock,
+        rule_paths=[rules],
+    )
+    assert worker.orchestrator.rules.rules[0].name == "drift-retrain"
+
+
+def test_a_worker_without_rule_files_refuses_to_start() -> None:
+    clock = FixedClock(at(0))
+    with pytest.raises(ConfigError, match="TUNELOOP_RULES"):
+        build_worker(settings(), backend=InMemoryBackend(clock), clock=clock)
+
+
+def test_the_local_backend_runs_jobs_under_the_configured_root(tmp_path: Path) -> None:
+    backend = make_backend(
+        settings(backend=BackendKind.LOCAL, local_root=tmp_path / "jobs"), clock=FixedClock(at(0))
+    )
+    assert isinstance(backend, LocalProcessBackend)
+
+
+def test_the_kubernetes_backend_outside_a_pod_without_a_kubeconfig_refuses_to_start(
+    monkeypatch,
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="TUNELOOP_KUBECONFIG"):
+        make_backend(settings(backend=BackendKind.KUBERNETES), clock=FixedClock(at(0)))
