@@ -22,7 +22,8 @@ what may wait: the key's inputs stay in order while its partition waits, a launc
 after the wait is still idempotent by its job name, and time comes from the injected `sleep`,
 so the whole policy is tested without a clock. Retrying in the backend as well multiplied the
 waits (5 attempts inside each of ours), and the intake's retry of the whole input could
-never run, since nothing retryable escapes `Orchestrator.handle`.
+never run, since nothing retryable escapes `Orchestrator.handle`. (A backend's `observe()`
+stream re-lists and re-watches by itself: it has no caller that could retry it.)
 """
 
 from __future__ import annotations
