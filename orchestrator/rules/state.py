@@ -30,6 +30,7 @@ def identity(event: CloudEvent) -> str:
 
 
 _NO_ITEMS: Mapping[Any, Any] = MappingProxyType({})
+"""An empty mapping nobody can change, shared by every state that has nothing in one."""
 
 
 def _no_items() -> Mapping[Any, Any]:
@@ -52,7 +53,8 @@ class Joined:
     """The latest event of one join type for the key."""
 
     event: Mapping[str, Any]
-    """The event as structured JSON: templates may read any field of it."""
+    """The event in the CloudEvents JSON format (`orchestrator/event_json.py`): templates may
+    read any field of it."""
     identity: str
     time: datetime
 
@@ -66,7 +68,8 @@ class Pending:
     due: datetime | None
     """When a timer retries it (None: waits for a job to finish)."""
     event: Mapping[str, Any]
-    """The event that (last) completed the condition, for templating."""
+    """The event that (last) completed the condition, in the CloudEvents JSON format, for
+    templating."""
     event_ids: tuple[str, ...] = ()
     """Every event id that took part while it waited (the window may expire meanwhile)."""
 
@@ -111,9 +114,12 @@ class Buffered:
     event-time order whatever order they arrived in."""
 
     event: Mapping[str, Any]
+    """The event in the CloudEvents JSON format (`orchestrator/event_json.py`)."""
     identity: str
     time: datetime
+    """Its event time (or arrival time, when it has none)."""
     release_at: datetime
+    """Processing time at which its allowed lateness has passed."""
 
 
 @dataclass(frozen=True, slots=True)
