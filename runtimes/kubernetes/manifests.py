@@ -15,6 +15,13 @@ What goes where (Trainer v2.3.0, see docs/kubernetes.md):
 * `spec.runtimePatches[manager=tuneloop.io/orchestrator]` - the same labels and annotations
   on the JobSet and on the pods of every replicated job: TrainJob labels are not copied
   to pods by the Trainer.
+* `spec.trainer.command` - torchrun (`Settings.command`): the torch plugin describes the
+  nodes only through `PET_*` variables that torchrun reads, and rewrites the command only
+  for torchtune's `tune run`. Started any other way, `numNodes: 2` trains two unrelated
+  rank-0 copies into one directory.
+* `spec.trainer.numProcPerNode` - one process per GPU, else one per node: left unset, the
+  plugin starts one process per requested CPU, and CPU processes that each use every core
+  only slow each other down.
 * `spec.trainer.args` / `env` - the training config as `TrainerConfig.to_args()` argv items,
   never a shell string; no `PET_*` variables (reserved by the torch plugin).
 * `spec.initializer` - only when the runtime has the initializer and the URI has a scheme
@@ -63,6 +70,10 @@ WORKSPACE_DATASET = "/workspace/dataset"
 WORKSPACE_MODEL = "/workspace/model"
 WORKSPACE_OUTPUT = "/workspace/output"
 
+TRAINER_COMMAND = ("torchrun", "--module", "runtimes.trainer")
+"""What the trainer container runs; deploy/runtimes/*.yaml and deploy/trainer.Dockerfile's
+ENTRYPOINT say the same (tests/unit/kubernetes/test_dockerfile.py holds them together)."""
+
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _LABEL_UNSAFE = re.compile(r"[^-A-Za-z0-9_.]+")
@@ -74,8 +85,9 @@ class Settings:
 
     image: str = "ghcr.io/tuneloop/lora-trainer:0.1.0"
     """Trainer image; pinned by tag so that a job is reproducible."""
-    command: tuple[str, ...] = ("python", "-m", "runtimes.trainer")
-    """Trainer entry point inside the image (the program the local backend runs too)."""
+    command: tuple[str, ...] = TRAINER_COMMAND
+    """Trainer entry point inside the image: torchrun running the program the local backend
+    runs too (see `TRAINER_COMMAND`)."""
     output_base_uri: str = "file:///var/lib/tuneloop/adapters"
     """Where adapters go when the request does not say: `<base>/<job name>`. The shipped
     runtime (deploy/runtimes/tuneloop-lora.yaml) mounts a volume there."""
@@ -260,6 +272,7 @@ def build_trainjob(
         "args": args,
         "env": env,
         "numNodes": request.resources.nodes,
+        "numProcPerNode": request.resources.gpus_per_node or 1,
     }
     resources = _resources(request)
     if resources:
