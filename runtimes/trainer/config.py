@@ -78,11 +78,13 @@ class TrainerConfig:
     """Local model directory, an offline catalogue name (`tiny`, `smollm2-135m`), or a hub id
     (only when a hub is reachable)."""
     dataset: str
-    """JSON Lines file of training records (a `file://` URI is accepted)."""
+    """JSON Lines file of training records, or a directory of `*.jsonl` parts such as the one
+    Kubeflow's dataset initializer writes (a `file://` URI is accepted)."""
     output_dir: str
     """Where the adapter, checkpoints and `result.json` go."""
     eval_dataset: str | None = None
-    """Held-out JSON Lines file; when unset, `eval_fraction` of the dataset is held out."""
+    """Held-out JSON Lines file or directory; when unset, `eval_fraction` of the dataset is
+    held out."""
     eval_fraction: float = 0.1
     """Share of the dataset held out for evaluation (0 disables evaluation)."""
     dataset_format: DatasetFormat = DatasetFormat.AUTO

@@ -9,6 +9,11 @@ shapes (the TRL conventions):
 * `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the tokenizer's chat
   template; loss on the assistant turns only.
 
+A dataset is one JSON Lines file or a directory of them (`dataset_files`): Kubeflow's dataset
+initializer copies an `hf://` or `s3://` source into the directory /workspace/dataset, with
+the source's own layout (`data/train-00000.jsonl`, ...). Every `*.jsonl` part under it is read,
+in the order of the parts' paths, so the same directory always gives the same examples.
+
 Masked positions get label -100, which the causal-LM loss ignores.
 """
 
@@ -26,6 +31,8 @@ from runtimes.trainer.config import DatasetFormat
 from runtimes.trainer.errors import DatasetNotFoundError, MalformedDatasetError
 
 IGNORE_INDEX = -100
+PART_SUFFIX = ".jsonl"
+"""The parts of a dataset directory that are read; anything else there is ignored."""
 _ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -73,18 +80,72 @@ def fingerprint(paths: Iterable[Path]) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def read_examples(path: Path, declared: DatasetFormat = DatasetFormat.AUTO) -> list[Example]:
-    """Read and validate every record of a JSON Lines file.
+def dataset_files(location: str) -> list[Path]:
+    """The JSON Lines files of a dataset: the file itself, or the parts of a directory.
+
+    A directory's parts are its `*.jsonl` files at any depth, hidden entries left out (the hub
+    client keeps its metadata in `.cache/`), sorted by their path relative to the directory.
 
     Raises:
-        DatasetNotFoundError: the file does not exist.
-        MalformedDatasetError: a line is not JSON, not an object, has the wrong keys or
-            types, or does not match the format of the file; the error names the line.
+        DatasetNotFoundError: nothing at *location*, or a directory without a `*.jsonl` part
+            (the message lists what the directory does hold).
     """
-    if not path.is_file():
+    path = local_path(location)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
         raise DatasetNotFoundError(str(path))
+    visible = sorted(
+        (child for child in path.rglob("*") if child.is_file() and not _hidden(child, path)),
+        key=lambda child: child.relative_to(path).as_posix(),
+    )
+    parts = [child for child in visible if child.name.endswith(PART_SUFFIX)]
+    if not parts:
+        held = ", ".join(child.relative_to(path).as_posix() for child in visible[:5]) or "nothing"
+        more = f" and {len(visible) - 5} more" if len(visible) > 5 else ""
+        raise DatasetNotFoundError(
+            str(path), f"a directory with no *{PART_SUFFIX} part (it holds {held}{more})"
+        )
+    return parts
+
+
+def _hidden(child: Path, root: Path) -> bool:
+    return any(name.startswith(".") for name in child.relative_to(root).parts)
+
+
+def read_examples(path: Path, declared: DatasetFormat = DatasetFormat.AUTO) -> list[Example]:
+    """Read and validate every record of one JSON Lines file (see `read_dataset`)."""
+    return read_dataset([path], declared)
+
+
+def read_dataset(
+    paths: Sequence[Path], declared: DatasetFormat = DatasetFormat.AUTO
+) -> list[Example]:
+    """Read and validate every record of the JSON Lines files *paths*, in order.
+
+    The first record fixes the shape (unless *declared*); every other record of every part
+    must have it. A part may be empty, the whole dataset may not.
+
+    Raises:
+        DatasetNotFoundError: a file does not exist.
+        MalformedDatasetError: a line is not JSON, not an object, has the wrong keys or
+            types, or does not match the format of the dataset; the error names the file and
+            the line.
+    """
     fmt = declared
     examples: list[Example] = []
+    for path in paths:
+        fmt = _read_part(path, fmt, examples)
+    if not examples:
+        where = str(paths[0]) if len(paths) == 1 else f"{len(paths)} parts, first {paths[0]}"
+        raise MalformedDatasetError(where, 1, "the dataset has no records")
+    return examples
+
+
+def _read_part(path: Path, fmt: DatasetFormat, examples: list[Example]) -> DatasetFormat:
+    """Append the records of *path* to *examples*; return the format now fixed."""
+    if not path.is_file():
+        raise DatasetNotFoundError(str(path))
     with path.open(encoding="utf-8") as stream:
         for number, line in enumerate(stream, start=1):
             if not line.strip():
@@ -100,9 +161,7 @@ def read_examples(path: Path, declared: DatasetFormat = DatasetFormat.AUTO) -> l
             if fmt is DatasetFormat.AUTO:
                 fmt = _detect(record, str(path), number)
             examples.append(_example(record, fmt, str(path), number))
-    if not examples:
-        raise MalformedDatasetError(str(path), 1, "the dataset has no records")
-    return examples
+    return fmt
 
 
 def _detect(record: dict[str, Any], path: str, line: int) -> DatasetFormat:

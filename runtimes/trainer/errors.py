@@ -40,8 +40,10 @@ class TrainerInputError(TrainerError):
 
 
 class DatasetNotFoundError(TrainerInputError):
-    def __init__(self, path: str) -> None:
-        super().__init__(f"dataset not found: {path}")
+    """No dataset at the location: no such file, or a directory without a JSON Lines part."""
+
+    def __init__(self, path: str, detail: str = "no such file or directory") -> None:
+        super().__init__(f"dataset not found: {path}: {detail}")
         self.path = path
 
 

@@ -145,14 +145,13 @@ def run(config: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
     """
     wall_started = time.monotonic()
     # Read and validate the data before the expensive imports: a bad line fails at once.
-    train_path = data.local_path(config.dataset)
-    records = data.read_examples(train_path, config.dataset_format)
-    data_files = [train_path]
+    data_files = data.dataset_files(config.dataset)
+    records = data.read_dataset(data_files, config.dataset_format)
     if config.eval_dataset:
-        eval_path = data.local_path(config.eval_dataset)
+        eval_files = data.dataset_files(config.eval_dataset)
         train_records = records
-        eval_records = data.read_examples(eval_path, config.dataset_format)
-        data_files.append(eval_path)
+        eval_records = data.read_dataset(eval_files, config.dataset_format)
+        data_files += eval_files
     else:
         train_records, eval_records = data.split(
             records, fraction=config.eval_fraction, seed=config.seed
