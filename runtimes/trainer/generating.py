@@ -8,6 +8,7 @@ what an adapter learned: `python -m runtimes.trainer.generating --base-model M [
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,9 @@ def generate(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from runtimes.trainer.training import resolve_base_model
+    from runtimes.trainer.base_models import locate
 
-    model_dir = resolve_base_model(base_model)
+    model_dir = locate(base_model, os.environ)
     tokenizer = AutoTokenizer.from_pretrained(adapter or model_dir)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if adapter is not None:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runtimes.trainer import data
+from runtimes.trainer import base_models, data
 from runtimes.trainer.config import RESUME_AUTO, RESUME_NEVER, Precision, TrainerConfig
 from runtimes.trainer.errors import (
     InvalidTrainerConfigError,
@@ -62,18 +62,6 @@ DEFAULT_TARGET_MODULES: dict[str, tuple[str, ...]] = {
 ALL_LINEAR = "all-linear"
 FAULT_CRASH_AT_STEP = "TUNELOOP_FAULT_CRASH_AT_STEP"
 """Test hook: the process dies (`os._exit(17)`) at this optimiser step, like a killed pod."""
-
-
-def resolve_base_model(name: str) -> str:
-    """A local directory for *name*: itself if it exists, a catalogue model, else a hub id."""
-    if Path(name).is_dir():
-        return name
-    from runtimes.models import catalog
-
-    try:
-        return str(catalog.model_dir(name))
-    except KeyError:
-        return name
 
 
 def default_target_modules(model_type: str) -> tuple[str, ...]:
@@ -156,10 +144,13 @@ def run(config: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
         train_records, eval_records = data.split(
             records, fraction=config.eval_fraction, seed=config.seed
         )
+    # Likewise the model: a name that cannot be loaded here fails before torch is imported.
+    model_path = base_models.locate(config.base_model, os.environ)
     try:
         return _run(
             config,
             reporter,
+            model_path=model_path,
             train_records=train_records,
             eval_records=eval_records,
             data_files=data_files,
@@ -187,6 +178,7 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
     config: TrainerConfig,
     reporter: Reporter,
     *,
+    model_path: str,
     train_records: list[data.Example],
     eval_records: list[data.Example],
     data_files: list[Path],
@@ -203,7 +195,6 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     is_main = rank == 0
 
-    model_path = resolve_base_model(config.base_model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError) as exc:
