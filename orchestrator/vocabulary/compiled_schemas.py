@@ -1,9 +1,9 @@
 """A quick "certainly valid" for `SchemaRegistry.validate`: a JSON Schema turned into closures.
 
 The intake validates the data of every event. jsonschema walks a schema with generic
-machinery (a new validator object per property it descends into, type-checker lookups): about
-60 µs for a drift event's handful of members, most of the intake's CPU time per record. The
-built-in schemas use a few keywords only; a closure per keyword does the same tests in a few µs.
+machinery (a new validator object per property it descends into, type-checker lookups), which
+made it most of the intake's CPU time per record (`make bench`, docs/performance.md). The
+built-in schemas use a few keywords only; a closure per keyword does the same tests far faster.
 
 The compiled check answers only "valid for certain" (True) or "not sure" (False). On False
 the registry asks jsonschema, which decides and writes the message. So a check may be
