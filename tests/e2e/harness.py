@@ -541,7 +541,8 @@ def _group_lag(bootstrap: str, group: str) -> str:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
-        committed = admin.list_consumer_group_offsets(group)
+        # kafka-python 3 names it list_group_offsets, one mapping per group asked for
+        committed = admin.list_group_offsets({group: None}).get(group, {})
         ends = consumer.end_offsets(list(committed))
     except Exception as exc:  # a diagnosis must not hide the failure it explains
         return f"group offsets unavailable: {exc!r}\n"
