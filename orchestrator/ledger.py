@@ -19,7 +19,13 @@ from typing import Any
 
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent
-from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
+from orchestrator.jobs.model import (
+    LoraSettings,
+    Resources,
+    TraceContext,
+    TrainingRequest,
+    TrainingSettings,
+)
 from orchestrator.vocabulary.timestamps import format_rfc3339, parse_rfc3339
 
 DECISION_EVENT_TYPE = "io.tuneloop.decision.v1"
@@ -43,6 +49,10 @@ class Outcome(enum.Enum):
     """Cancel the running job `job_name` (concurrency `replace`); a launch record follows."""
     ERROR = "error"
     """An expression or template failed on this event; `message` says how. Nothing counted."""
+    IGNORE = "ignore"
+    """A why-not record: the rule names the event's type but did not consider the event;
+    `reason` says why (`source-mismatch`, `where-false`). Written with key "", sampled per
+    rule (see `rules/why_not.py`); `suppressed` counts the ones left out before it."""
 
 
 class Reason(enum.Enum):
@@ -62,6 +72,10 @@ class Reason(enum.Enum):
     RETRIED = "retried"
     EXPRESSION_ERROR = "expression-error"
     TEMPLATE_ERROR = "template-error"
+    SOURCE_MISMATCH = "source-mismatch"
+    """`ignore`: the event's source matches none of the rule's source globs for its type."""
+    WHERE_FALSE = "where-false"
+    """`ignore`: the rule's `where` is false for the event."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +97,11 @@ class DecisionRecord:
     """The job concerned: launched, cancelled or blocking."""
     window_count: int | None = None
     window_sum: float | None = None
+    suppressed: int = 0
+    """Why-not records (`ignore`, and `error` records of events no rule could key) of this
+    rule that the per-rule limit left out since the previous one was written."""
+    trace: TraceContext | None = None
+    """The deciding event's trace context (its `traceparent`, `tracestate`), if it had one."""
     decision_id: str = ""
     """Deterministic id of the decision; left empty, it is derived from the fields above
     (see the function `decision_id`), which is what the engine does."""
@@ -101,8 +120,13 @@ class DecisionRecord:
             object.__setattr__(self, "decision_id", derived)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict: what `simulate --json` prints and the audit event carries."""
-        return {
+        """A JSON-safe dict: what `simulate --json` prints and the audit event carries.
+
+        `suppressed`, `traceparent` and `tracestate` appear only when they say something
+        (a count above 0, a trace): absent means 0 and no trace, and records written before
+        they existed read the same.
+        """
+        data: dict[str, Any] = {
             "decision_id": self.decision_id,
             "outcome": self.outcome.value,
             "reason": self.reason.value if self.reason else None,
@@ -116,6 +140,11 @@ class DecisionRecord:
             "job_name": self.job_name,
             "window": {"count": self.window_count, "sum": self.window_sum},
         }
+        if self.suppressed:
+            data["suppressed"] = self.suppressed
+        if self.trace is not None:
+            data.update(self.trace.as_extensions())
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DecisionRecord:
@@ -140,8 +169,10 @@ class DecisionRecord:
                 job_name=data.get("job_name"),
                 window_count=window.get("count"),
                 window_sum=window.get("sum"),
+                suppressed=int(data.get("suppressed") or 0),
+                trace=TraceContext.of(data),
             )
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"not a decision record: {exc!r}") from exc
 
 
@@ -230,6 +261,8 @@ def job_to_json(job: TrainingRequest) -> dict[str, Any]:
         "output_uri": job.output_uri,
         "deadline_seconds": job.deadline_seconds,
         "model_id": job.model_id,
+        # Only with a trace, as in the record: jobs written before it read the same.
+        **(job.trace.as_extensions() if job.trace else {}),
     }
 
 
@@ -253,12 +286,17 @@ def job_from_json(data: Mapping[str, Any]) -> TrainingRequest:
         output_uri=data.get("output_uri"),
         deadline_seconds=data.get("deadline_seconds"),
         model_id=data.get("model_id"),
+        trace=TraceContext.of(data),
     )
 
 
 def to_cloudevent(record: DecisionRecord, *, source: str = DECISION_SOURCE) -> CloudEvent:
     """The audit event for *record*: id = decision id (so republishing dedupes), subject =
-    `rule/key`, `partitionkey` = key (one key's story stays in order on one partition)."""
+    `rule/key`, `partitionkey` = key (one key's story stays in order on one partition), and
+    the deciding event's trace context as the distributed-tracing extension."""
+    extensions: dict[str, str] = {"partitionkey": record.key}
+    if record.trace is not None:
+        extensions.update(record.trace.as_extensions())
     return CloudEvent(
         id=record.decision_id,
         source=source,
@@ -267,7 +305,7 @@ def to_cloudevent(record: DecisionRecord, *, source: str = DECISION_SOURCE) -> C
         time=record.time,
         datacontenttype="application/json",
         data=record.to_json(),
-        extensions={"partitionkey": record.key},
+        extensions=extensions,
     )
 
 

@@ -198,6 +198,10 @@ class CompletionPublisher:
                 launched_at=context.launched_at,
                 started_at=record.started_at,
             )
+        if context.trace is not None:
+            # The launch's trace goes on: one trace id from the producer's event to here.
+            extensions = {**event.extensions, **context.trace.as_extensions()}
+            event = replace(event, extensions=MappingProxyType(extensions))
         if record.context is None:
             # Nothing is known to correlate with: leave the links out rather than send "".
             extensions = {k: v for k, v in event.extensions.items() if v != ""}

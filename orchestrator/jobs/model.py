@@ -9,6 +9,7 @@ what makes a replayed or retried launch create nothing new.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,6 +57,47 @@ class Resources:
     memory: str | None = None
 
 
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
+"""W3C Trace Context `traceparent`: version, trace id, parent span id, flags (all-zero ids are
+invalid, as the W3C spec says)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """A producer's W3C trace context, as the CloudEvents distributed-tracing extension carries
+    it (`traceparent`, `tracestate`).
+
+    The engine copies it from the deciding event onto its decision records and the job it
+    launches; the TrainJob's annotations and the completion event carry it on, so one trace
+    id follows a trigger end to end (docs/events.md, "Trace context").
+    """
+
+    traceparent: str
+    tracestate: str | None = None
+
+    @property
+    def trace_id(self) -> str:
+        """The 32 hex digits that name the whole trace."""
+        return self.traceparent.split("-")[1]
+
+    @classmethod
+    def of(cls, extensions: Mapping[str, object]) -> TraceContext | None:
+        """The trace context in an event's extension attributes; None when there is none or
+        its `traceparent` is malformed (a bad trace header never stops a trigger)."""
+        parent = extensions.get("traceparent")
+        if not isinstance(parent, str) or not _TRACEPARENT.match(parent):
+            return None
+        state = extensions.get("tracestate")
+        return cls(parent, state if isinstance(state, str) and state else None)
+
+    def as_extensions(self) -> dict[str, str]:
+        """The extension attributes that carry it on a CloudEvent."""
+        extensions = {"traceparent": self.traceparent}
+        if self.tracestate:
+            extensions["tracestate"] = self.tracestate
+        return extensions
+
+
 @dataclass(frozen=True, slots=True)
 class TrainingRequest:
     """One fine-tuning job to run, fully resolved by a launch decision."""
@@ -79,6 +121,8 @@ class TrainingRequest:
     deadline_seconds: int | None = None
     model_id: str | None = None
     """The model being retrained, for the completion event; usually the rule key."""
+    trace: TraceContext | None = None
+    """The trace context of the event that completed the launch, if its producer sent one."""
 
 
 class JobPhase(enum.Enum):
@@ -141,6 +185,8 @@ class JobContext:
     model_id: str | None = None
     output_uri: str | None = None
     launched_at: datetime | None = None
+    trace: TraceContext | None = None
+    """The launch's trace context, which the completion event carries on."""
 
     @classmethod
     def from_request(
@@ -164,6 +210,7 @@ class JobContext:
             model_id=request.model_id,
             output_uri=output_uri if output_uri is not None else request.output_uri,
             launched_at=launched_at,
+            trace=request.trace,
         )
 
     def as_request(self) -> TrainingRequest:
@@ -180,6 +227,7 @@ class JobContext:
             dataset=self.dataset,
             output_uri=self.output_uri,
             model_id=self.model_id,
+            trace=self.trace,
         )
 
     @classmethod

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.jobs.completion import CompletionRecord
-from orchestrator.jobs.model import JobContext, JobPhase
+from orchestrator.jobs.model import JobContext, JobPhase, TraceContext
 from orchestrator.jobs.tracking import Milestone
 from orchestrator.ledger import format_time, parse_time
 
@@ -41,6 +41,8 @@ def record_to_json(record: CompletionRecord) -> dict[str, Any]:
             "model_id": context.model_id,
             "output_uri": context.output_uri,
             "launched_at": format_time(context.launched_at) if context.launched_at else None,
+            "traceparent": context.trace.traceparent if context.trace else None,
+            "tracestate": context.trace.tracestate if context.trace else None,
         },
     }
 
@@ -69,6 +71,7 @@ def record_from_json(data: Mapping[str, Any]) -> CompletionRecord:
             model_id=raw.get("model_id"),
             output_uri=raw.get("output_uri"),
             launched_at=parse_time(raw["launched_at"]) if raw.get("launched_at") else None,
+            trace=TraceContext.of(raw),
         )
     return CompletionRecord(
         job=data["job"],

@@ -315,6 +315,7 @@ def _launch(this: _Attempt, rule_state: RuleState, records: list[DecisionRecord]
         job_name=name,
         window_count=len(rule_state.entries),
         window_sum=window_sum(rule, rule_state),
+        trace=request.trace,
     )
     # Consumed: the next launch needs fresh events; the ids stay known for dedup.
     seen = dict(rule_state.seen)

@@ -13,7 +13,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator import event_json
-from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
+from orchestrator.jobs.model import (
+    LoraSettings,
+    Resources,
+    TraceContext,
+    TrainingRequest,
+    TrainingSettings,
+)
 from orchestrator.rules.expressions import Activation, event_variables
 from orchestrator.rules.records import Decider
 from orchestrator.rules.state import RuleState
@@ -103,4 +109,5 @@ def render(
         output_uri=text("output_uri", launch.output_uri) if launch.output_uri else None,
         deadline_seconds=int(launch.deadline.total_seconds()) if launch.deadline else None,
         model_id=key,
+        trace=TraceContext.of(completing.extensions),
     )

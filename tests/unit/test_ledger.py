@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent
-from orchestrator.jobs.model import LoraSettings, TrainingRequest
+from orchestrator.jobs.model import LoraSettings, TraceContext, TrainingRequest
 from orchestrator.ledger import (
     DECISION_EVENT_TYPE,
     DecisionRecord,
@@ -130,3 +131,78 @@ def test_times_are_written_in_utc_with_a_z():
     moment = datetime(2026, 3, 1, 13, 30, tzinfo=timezone(timedelta(hours=1, minutes=30)))
     assert format_time(moment) == "2026-03-01T12:00:00Z"
     assert format_time(moment.replace(microsecond=5)) == "2026-03-01T12:00:00.000005Z"
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_why_not_record_with_a_trace_and_a_suppressed_count_survives_both_round_trips():
+    record = DecisionRecord(
+        outcome=Outcome.IGNORE,
+        reason=Reason.WHERE_FALSE,
+        rule="r",
+        rule_version="v1",
+        key="",
+        time=AT,
+        event_ids=("e9",),
+        message="`where` is false",
+        suppressed=4,
+        trace=TraceContext(TRACEPARENT, "vendor=1"),
+    )
+    assert DecisionRecord.from_json(record.to_json()) == record
+    assert from_cloudevent(to_cloudevent(record)) == record
+
+
+def test_the_why_not_and_trace_fields_are_flat_json_for_the_dashboard():
+    record = DecisionRecord(
+        outcome=Outcome.IGNORE,
+        reason=Reason.SOURCE_MISMATCH,
+        rule="r",
+        rule_version="v1",
+        key="",
+        time=AT,
+        event_ids=("e9",),
+        suppressed=2,
+        trace=TraceContext(TRACEPARENT),
+    )
+    data = record.to_json()
+    assert (data["outcome"], data["reason"], data["suppressed"]) == (
+        "ignore",
+        "source-mismatch",
+        2,
+    )
+    assert data["traceparent"] == TRACEPARENT
+    assert "tracestate" not in data
+
+
+def test_the_audit_event_carries_the_deciding_events_trace_as_the_tracing_extension():
+    record = replace(launch_record(), trace=TraceContext(TRACEPARENT, "vendor=1"))
+    extensions = to_cloudevent(record).extensions
+    assert extensions["traceparent"] == TRACEPARENT
+    assert extensions["tracestate"] == "vendor=1"
+
+
+def test_a_record_without_a_trace_or_suppressed_records_writes_neither_field():
+    record = launch_record()
+    data = record.to_json()
+    assert {"suppressed", "traceparent", "tracestate"}.isdisjoint(data)
+    assert "traceparent" not in to_cloudevent(record).extensions
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "not-a-trace",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        42,
+    ],
+    ids=["garbage", "zero-trace-id", "zero-span-id", "upper-case", "not-a-string"],
+)
+def test_a_malformed_traceparent_is_no_trace_context(traceparent):
+    assert TraceContext.of({"traceparent": traceparent}) is None
+
+
+def test_a_trace_context_names_its_trace_id():
+    assert TraceContext(TRACEPARENT).trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
