@@ -9,6 +9,8 @@ holds them). Exit codes: 0 success (`result.json` written), 1 unexpected failure
 input (never retry as is), 3 out of memory (retry with smaller settings). On failure the
 error is printed as one JSON line on stdout and written to `<output_dir>/failure.json`.
 Under torchrun (Kubeflow sets `PET_*`) every rank runs this; only rank 0 reports and writes.
+Rank 0 also reports progress and metrics to Kubeflow's status server when the TrainJob has one
+(`KUBEFLOW_TRAINER_SERVER_URL`, `runtimes/trainer/kubeflow_status.py`).
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = trainer_config.load(arguments, os.environ)
         output_dir = config.output_dir
-        from runtimes.trainer import progress, training
+        from runtimes.trainer import kubeflow_status, progress, training
 
         reporter = progress.make_reporter(
             config.progress, interval=config.progress_interval, is_main=is_main
         )
+        # In a TrainJob with Kubeflow's TrainJobStatus feature, rank 0 also reports there.
+        reporter = kubeflow_status.wrap(reporter, os.environ, is_main=is_main)
         training.run(config, reporter)
     except ConfigError as exc:
         return _fail(InvalidTrainerConfigError(str(exc)), output_dir, is_main)

@@ -350,7 +350,12 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
         _save_outputs(trainer, model, tokenizer, adapter_dir, merged_dir if config.merge else None)
         result["metrics"]["wall_seconds"] = time.monotonic() - wall_started
         _write_json_atomically(output_dir / "result.json", result)
-        reporter.emit("completed", result=str(output_dir / "result.json"), **_summary(result))
+        reporter.emit(
+            "completed",
+            result=str(output_dir / "result.json"),
+            **_summary(result),
+            metrics=result["metrics"],
+        )
     if world_size > 1:
         torch.distributed.barrier()
     return result
@@ -401,6 +406,7 @@ def _make_trainer(
     reporter: Reporter,
     selective_loss: bool,
 ) -> tuple[Any, Any]:
+    import transformers.integrations
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -457,6 +463,13 @@ def _make_trainer(
     # Their printing would interleave with our JSON lines on stdout.
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+    # transformers (>= 4.57) adds its own Kubeflow status callback whenever
+    # KUBEFLOW_TRAINER_SERVER_URL is set, whatever report_to says. Ours reports instead
+    # (runtimes/trainer/kubeflow_status.py): 100 % only once the adapter is written, with the
+    # final eval loss; theirs would report 100 % before that and race ours.
+    kubeflow_callback = getattr(transformers.integrations, "KubeflowCallback", None)
+    if kubeflow_callback is not None:
+        trainer.remove_callback(kubeflow_callback)
     return trainer, progress
 
 
