@@ -53,6 +53,7 @@ from orchestrator.jobs.completion import CompletionRecord
 from orchestrator.jobs.model import JobRef
 from orchestrator.jobs.persistence import record_from_json, record_to_json
 from orchestrator.jobs.tracking import Milestone
+from orchestrator.ledger import DecisionRecord
 from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs, TrainingBackend
 from orchestrator.rules import engine, loading
 from orchestrator.rules.engine import KeyState, RuleSet
@@ -248,10 +249,11 @@ def build_worker(
 
     def router(event: CloudEvent) -> tuple[str, ...]:
         current = orchestrator.rules
-        if engine.routing_errors(current, event, now=clock.now()):
-            # Rules that could not evaluate the event leave an `error` record in the audit
-            # topic: the answer to "why did this event do nothing?".
-            task = asyncio.ensure_future(_audit_routing_errors(orchestrator, event))
+        why_not = orchestrator.why_not_records(event)
+        if why_not:
+            # Rules that name the event's type but did not consider it leave why-not records
+            # (`ignore`, `error`) in the audit topic: "why did this event do nothing?".
+            task = asyncio.ensure_future(_audit_why_not(orchestrator, event, why_not))
             worker_tasks.add(task)
             task.add_done_callback(worker_tasks.discard)
         return tuple(dict.fromkeys(route.key for route in engine.route(current, event)))
@@ -406,11 +408,13 @@ def _run_alongside(
     faust_app.timer(interval=FINISHED_JOB_SWEEP_SECONDS)(remove_finished_jobs)
 
 
-async def _audit_routing_errors(orchestrator: Orchestrator, event: CloudEvent) -> None:
+async def _audit_why_not(
+    orchestrator: Orchestrator, event: CloudEvent, records: tuple[DecisionRecord, ...]
+) -> None:
     try:
-        await orchestrator.keys_for(event)
-    except Exception:  # the audit of an unroutable event must never stop the intake
-        log.exception("routing_error_audit_failed", event_id=event.id)
+        await orchestrator.audit(records)
+    except Exception:  # the audit of an unconsidered event must never stop the intake
+        log.exception("why_not_audit_failed", event_id=event.id)
 
 
 async def _recover_key(backend: TrainingBackend, job: JobRef) -> str | None:

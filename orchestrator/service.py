@@ -45,7 +45,7 @@ from orchestrator.jobs.completion import CompletionPublisher, CompletionStore
 from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest
 from orchestrator.ledger import DecisionRecord, Outcome, to_cloudevent
 from orchestrator.ports import EventPublisher, TrainingBackend
-from orchestrator.rules import engine
+from orchestrator.rules import engine, why_not
 from orchestrator.rules.engine import JobFinished, KeyState, RuleSet
 
 log = structlog.get_logger("tuneloop.service")
@@ -97,6 +97,7 @@ class Orchestrator:
         output_topic: str | None = None,
         retry: RetryPolicy = RetryPolicy(),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        why_not_per_minute: int = why_not.DEFAULT_PER_MINUTE,
     ) -> None:
         self._rules = rules
         self._backend = backend
@@ -113,6 +114,9 @@ class Orchestrator:
         # Launches check the global job limit one at a time, so that two partitions of this
         # worker cannot both take the last free slot.
         self._slots = asyncio.Lock()
+        # This worker's count of why-not records per rule: diagnostic records, so a restart
+        # that forgets it costs at most one minute's allowance again (rules/why_not.py).
+        self._why_not = why_not.WhyNotLimit(per_minute=why_not_per_minute)
         self.retries = 0
         """Backend calls retried so far (a metric: the backend refuses or is unreachable)."""
 
@@ -127,12 +131,26 @@ class Orchestrator:
     async def keys_for(self, event: CloudEvent) -> tuple[str, ...]:
         """The keys *event* must be handled under (distinct, in rule order).
 
-        Rules that looked at the event but could not evaluate it leave an `error` record in
-        the audit topic here, since they have no key to be handled under.
+        Rules that name the event's type but did not consider it leave their why-not records
+        (`why_not_records`) in the audit topic here, since they have no key to be handled
+        under.
         """
-        for record in engine.routing_errors(self._rules, event, now=self._clock.now()):
-            await self._audit(record)
+        await self.audit(self.why_not_records(event))
         return tuple(dict.fromkeys(route.key for route in engine.route(self._rules, event)))
+
+    def why_not_records(self, event: CloudEvent) -> tuple[DecisionRecord, ...]:
+        """Why the rules that name *event*'s type did not consider it (`ignore`, `error`),
+        as many as the per-rule limit still allows this minute; to be passed to `audit`."""
+        records = engine.why_not(self._rules, event, now=self._clock.now())
+        if not records:
+            return ()
+        self._why_not, written = why_not.limit(self._why_not, records)
+        return written
+
+    async def audit(self, records: tuple[DecisionRecord, ...]) -> None:
+        """Publish *records* to the audit topic, in order."""
+        for record in records:
+            await self._audit(record)
 
     def wakeup_of(self, key: str) -> datetime | None:
         """When timers of *key* are next due (None: nothing until the next event)."""

@@ -34,6 +34,7 @@ concern has its own module beside it:
   timers.py     waiting launches whose time has come; `next_wakeup`
   pruning.py    dropping what can never matter again; computing the next wakeup
   records.py    the decision records one rule writes for one key
+  why_not.py    how many why-not records (`why_not`) a rule may write per minute
   state.py      the key's state as frozen values, and its JSON form
 """
 
@@ -44,6 +45,7 @@ from datetime import UTC, datetime
 
 from orchestrator import event_json
 from orchestrator.events import CloudEvent
+from orchestrator.jobs.model import TraceContext
 from orchestrator.ledger import DecisionRecord, Outcome, Reason
 from orchestrator.rules import arrival, matching, pruning, timers, windows
 from orchestrator.rules.durations import format_duration
@@ -67,6 +69,7 @@ __all__ = [
     "route",
     "routing_errors",
     "tick",
+    "why_not",
 ]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -105,6 +108,7 @@ def routing_errors(
     """`error` records for rules that looked at *event* but could not evaluate its `where` or
     key (a missing field, a wrong type): the answer to "why did this event do nothing?"."""
     time = event.event_time(now)
+    trace = TraceContext.of(event.extensions)
     return tuple(
         Decider(rules, match.trigger.rule, "").record(
             Outcome.ERROR,
@@ -112,10 +116,31 @@ def routing_errors(
             time=time,
             event_ids=(event.id,),
             message=match.error,
+            trace=trace,
         )
         for match in matching.matches(rules, event, time=time)
         if match.error is not None
     )
+
+
+def why_not(rules: RuleSet, event: CloudEvent, *, now: datetime) -> tuple[DecisionRecord, ...]:
+    """Why-not records for every rule that names *event*'s type but did not consider it: the
+    `routing_errors`, then an `ignore` record (key "") per rule whose source globs or `where`
+    turned the event away. The service writes them through `why_not.limit`."""
+    time = event.event_time(now)
+    trace = TraceContext.of(event.extensions)
+    ignored = tuple(
+        Decider(rules, miss.rule, "").record(
+            Outcome.IGNORE,
+            Reason.WHERE_FALSE if miss.source_matched else Reason.SOURCE_MISMATCH,
+            time=time,
+            event_ids=(event.id,),
+            message=miss.message,
+            trace=trace,
+        )
+        for miss in matching.misses(rules, event, time=time)
+    )
+    return (*routing_errors(rules, event, now=now), *ignored)
 
 
 def may_launch(rules: RuleSet, *, running: int) -> bool:
@@ -156,10 +181,12 @@ def evaluate(
         return _advance(rules, state, key, now)
     ident = identity(event)
 
+    trace = TraceContext.of(event.extensions)
+
     def refuse(outcome: Outcome, reason: Reason | None, message: str) -> tuple[DecisionRecord, ...]:
         return tuple(
             Decider(rules, rules.rule(name), key).record(
-                outcome, reason, time=time, event_ids=(event.id,), message=message
+                outcome, reason, time=time, event_ids=(event.id,), message=message, trace=trace
             )
             for name in names
         )
@@ -284,6 +311,7 @@ def _process(
     decide, and advance the horizon to it; the records are appended to *records*."""
     ident = identity(event)
     behind = state.horizon is not None and time < state.horizon  # a re-delivered event
+    first = len(records)
     updated = dict(state.rules)
     ids = (event.id,)
     for match in reaching:
@@ -328,5 +356,13 @@ def _process(
         )
         records += more
         updated[rule.name] = rule_state
+    trace = TraceContext.of(event.extensions)
+    if trace is not None:
+        # What this event decided carries its producer's trace (a launch already has the
+        # trace of the event that completed it, which is this one).
+        records[first:] = [
+            record if record.trace is not None else replace(record, trace=trace)
+            for record in records[first:]
+        ]
     horizon = time if state.horizon is None or time > state.horizon else state.horizon
     return replace(state, horizon=horizon, rules=updated)

@@ -5,7 +5,9 @@ event's type and source must match, its `where` must be true, and its key expres
 a non-empty string. `engine.route` asks this of every event to repartition it by key;
 `engine.evaluate` asks it again for the key it was routed to, so both always agree, and
 counts the event into the rules it found (and, for an event it held, the rules it finds when
-it releases it: a rule set reloaded meanwhile decides).
+it releases it: a rule set reloaded meanwhile decides). `misses` answers the opposite
+question for `engine.why_not`: which rules name the event's type and still did not consider
+it, and why.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from datetime import datetime
 
 from orchestrator.events import CloudEvent
 from orchestrator.rules.expressions import Activation, EvaluationError, event_variables
-from orchestrator.rules.model import RuleSet, Trigger
+from orchestrator.rules.model import Rule, RuleSet, Trigger
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,55 @@ def matches(rules: RuleSet, event: CloudEvent, *, time: datetime) -> tuple[Match
             match = _match(trigger, seen)
             if match is not None:
                 found.append(match)
+    return tuple(found)
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """A rule that names an event's type but did not consider the event: no way in accepted
+    its source (`source_matched` False), or every one that did had a false `where`."""
+
+    rule: Rule
+    source_matched: bool
+    message: str
+
+
+def misses(rules: RuleSet, event: CloudEvent, *, time: datetime) -> tuple[Miss, ...]:
+    """Every rule that names *event*'s type but neither considered it nor failed on it (a
+    failure is a `Match` with an error, which `matches` reports), in rule-set order."""
+    triggers = rules.by_type.get(event.type, ())
+    if not triggers:
+        return ()
+    seen = activation(rules, event, time=time)
+    # Per rule: the ways in whose source accepts the event, and whether any of them reached
+    # it (with a key or an error): a rule is missed only when none did.
+    reached: dict[str, bool] = {}
+    wheres: dict[str, list[str]] = {}
+    globs: dict[str, list[str]] = {}
+    by_name: dict[str, Rule] = {}
+    for trigger in triggers:
+        name = trigger.rule.name
+        by_name.setdefault(name, trigger.rule)
+        reached.setdefault(name, False)
+        if not trigger.accepts_source(event.source):
+            globs.setdefault(name, []).extend(trigger.sources)
+            continue
+        if _match(trigger, seen) is not None:
+            reached[name] = True
+        else:
+            where = trigger.where
+            wheres.setdefault(name, []).append(where.source if where is not None else "")
+    found = []
+    for name, was_reached in reached.items():
+        if was_reached:
+            continue
+        if name in wheres:
+            shown = " / ".join(f"`{text}`" for text in wheres[name])
+            found.append(Miss(by_name[name], True, f"`where` is false: {shown}"))
+        else:
+            shown = ", ".join(repr(glob) for glob in dict.fromkeys(globs.get(name, ())))
+            message = f"source {event.source!r} matches none of the rule's sources ({shown})"
+            found.append(Miss(by_name[name], False, message))
     return tuple(found)
 
 

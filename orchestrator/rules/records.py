@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from orchestrator.jobs.model import TraceContext
 from orchestrator.ledger import DecisionRecord, Outcome, Reason
 from orchestrator.rules.model import Rule, RuleSet
 from orchestrator.rules.state import RuleState
@@ -34,6 +35,7 @@ class Decider:
         message: str,
         job_name: str | None = None,
         rule_state: RuleState | None = None,
+        trace: TraceContext | None = None,
     ) -> DecisionRecord:
         """A record of this rule for this key; with *rule_state*, it states the window."""
         return DecisionRecord(
@@ -48,4 +50,5 @@ class Decider:
             job_name=job_name,
             window_count=len(rule_state.entries) if rule_state is not None else None,
             window_sum=window_sum(self.rule, rule_state) if rule_state is not None else None,
+            trace=trace,
         )

@@ -1,0 +1,73 @@
+"""Why-not records: why a rule that names an event's type did not consider the event, and how
+many such records a rule may write.
+
+`engine.why_not` turns what `matching` found (a source glob that did not match, a false
+`where`, a `where` or key expression that failed) into decision records; `limit` keeps at most
+`per_minute` of them per rule per minute of event time, so that a noisy producer cannot flood
+the audit topic, and the next record that is written says how many were left out
+(`DecisionRecord.suppressed`).
+
+The limit's state is a value (`WhyNotLimit`) that the caller keeps and passes back in: the
+service keeps one per worker, in memory. That is enough for diagnostic records: a restart
+forgets how many were written this minute and at worst writes `per_minute` more. Counting by
+event time (not the wall clock) keeps `limit` pure; an event older than the minute being
+counted counts against that minute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from types import MappingProxyType
+
+from orchestrator.ledger import DecisionRecord
+
+DEFAULT_PER_MINUTE = 10
+"""Why-not records one rule may write per minute of event time, by default."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One rule's why-not records in the minute being counted."""
+
+    minute: datetime
+    """The start of the minute of event time being counted."""
+    written: int = 0
+    """Records written in that minute."""
+    left_out: int = 0
+    """Records left out since the last one written (carried into later minutes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WhyNotLimit:
+    """How many why-not records each rule may still write: the limiter's whole state."""
+
+    per_minute: int = DEFAULT_PER_MINUTE
+    quotas: Mapping[str, Quota] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def limit(
+    state: WhyNotLimit, records: tuple[DecisionRecord, ...]
+) -> tuple[WhyNotLimit, tuple[DecisionRecord, ...]]:
+    """The *records* their rules may still write this minute, each with the count left out
+    before it; and the new state.
+
+    Args:
+        state: what was written so far (a fresh `WhyNotLimit` the first time).
+        records: why-not records, in the order they would be written.
+    """
+    quotas = dict(state.quotas)
+    written = []
+    for record in records:
+        minute = record.time.replace(second=0, microsecond=0)
+        quota = quotas.get(record.rule)
+        if quota is None or minute > quota.minute:
+            quota = Quota(minute=minute, left_out=quota.left_out if quota else 0)
+        if quota.written < state.per_minute:
+            written.append(replace(record, suppressed=quota.left_out))
+            quota = replace(quota, written=quota.written + 1, left_out=0)
+        else:
+            quota = replace(quota, left_out=quota.left_out + 1)
+        quotas[record.rule] = quota
+    return replace(state, quotas=MappingProxyType(quotas)), tuple(written)

@@ -1,0 +1,111 @@
+"""Why-not records: a rule that names an event's type says why it did not consider the event,
+and a noisy producer cannot make one rule write more than its limit per minute."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from orchestrator.jobs.model import TraceContext
+from orchestrator.ledger import DecisionRecord, Outcome, Reason
+from orchestrator.rules import engine, why_not
+from tests.unit.rules.builders import DRIFT, LAUNCH, at, drift, rules_from
+
+RULES = rules_from(
+    f"""
+    rules:
+      - name: from-monitors
+        on: {{type: {DRIFT}, source: "/monitors/*"}}
+        key: event.data.model_id
+        {LAUNCH.strip().replace(chr(10), chr(10) + "        ")}
+      - name: big-drift
+        on: {{type: {DRIFT}, where: "event.data.value > 0.9"}}
+        key: event.data.model_id
+        {LAUNCH.strip().replace(chr(10), chr(10) + "        ")}
+      - name: by-region
+        on: {{type: {DRIFT}}}
+        key: event.data.region
+        {LAUNCH.strip().replace(chr(10), chr(10) + "        ")}
+    """
+)
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def outcomes(records):
+    return [(r.rule, r.outcome, r.reason) for r in records]
+
+
+def test_each_rule_that_names_the_type_says_why_it_did_not_consider_the_event():
+    event = replace(drift(1, 0, value=0.5), source="/elsewhere")
+    records = engine.why_not(RULES, event, now=at(1))
+    assert outcomes(records) == [
+        ("by-region", Outcome.ERROR, Reason.EXPRESSION_ERROR),
+        ("from-monitors", Outcome.IGNORE, Reason.SOURCE_MISMATCH),
+        ("big-drift", Outcome.IGNORE, Reason.WHERE_FALSE),
+    ]
+    by_rule = {r.rule: r for r in records}
+    assert "'/elsewhere'" in by_rule["from-monitors"].message
+    assert "'/monitors/*'" in by_rule["from-monitors"].message
+    assert "event.data.value > 0.9" in by_rule["big-drift"].message
+    assert all(r.key == "" and r.event_ids == ("d1",) for r in records)
+
+
+def test_a_rule_that_considered_the_event_writes_no_why_not_record():
+    event = drift(1, 0, value=0.95, region="eu")
+    assert engine.why_not(RULES, event, now=at(1)) == ()
+
+
+def test_an_event_of_a_type_no_rule_names_has_no_why_not_records():
+    event = replace(drift(1, 0), type="io.example.unrelated.v1")
+    assert engine.why_not(RULES, event, now=at(1)) == ()
+
+
+def test_why_not_records_carry_the_events_trace_context():
+    event = replace(drift(1, 0, region="eu"), extensions={"traceparent": TRACEPARENT})
+    (record,) = engine.why_not(RULES, event, now=at(1))
+    assert record.trace == TraceContext(TRACEPARENT)
+
+
+def ignored(n: int, *, second: float, rule: str = "r") -> DecisionRecord:
+    return DecisionRecord(
+        outcome=Outcome.IGNORE,
+        reason=Reason.WHERE_FALSE,
+        rule=rule,
+        rule_version="v1",
+        key="",
+        time=at(0) + timedelta(seconds=second),
+        event_ids=(f"e{n}",),
+    )
+
+
+def test_a_rule_writes_at_most_its_limit_per_minute_and_the_next_record_counts_the_rest():
+    limit = why_not.WhyNotLimit(per_minute=2)
+    limit, first = why_not.limit(limit, tuple(ignored(n, second=n) for n in range(5)))
+    assert [(r.event_ids, r.suppressed) for r in first] == [(("e0",), 0), (("e1",), 0)]
+    limit, later = why_not.limit(limit, (ignored(9, second=61),))
+    assert [(r.event_ids, r.suppressed) for r in later] == [(("e9",), 3)]
+
+
+def test_each_rule_has_its_own_limit():
+    limit = why_not.WhyNotLimit(per_minute=1)
+    records = (ignored(1, second=1, rule="a"), ignored(2, second=2, rule="b"))
+    _, written = why_not.limit(limit, records)
+    assert [r.rule for r in written] == ["a", "b"]
+
+
+def test_an_event_older_than_the_minute_being_counted_counts_against_that_minute():
+    limit = why_not.WhyNotLimit(per_minute=1)
+    limit, _ = why_not.limit(limit, (ignored(1, second=70),))
+    _, written = why_not.limit(limit, (ignored(2, second=5),))
+    assert written == ()
+
+
+@pytest.mark.parametrize("per_minute", [1, 3], ids=["one", "three"])
+def test_the_same_records_in_the_same_order_are_limited_the_same_way(per_minute):
+    records = tuple(ignored(n, second=n * 7) for n in range(24))
+    once = why_not.limit(why_not.WhyNotLimit(per_minute=per_minute), records)
+    again = why_not.limit(why_not.WhyNotLimit(per_minute=per_minute), records)
+    assert once == again
+    assert len(once[1]) == 3 * per_minute  # seconds 0..161: three minutes of event time
