@@ -18,7 +18,10 @@ What runs inside one worker (one faust app, one consumer group):
   topic under the job's rule key, so the key's owner announces them and releases concurrency;
 - the ticker: timers of local keys that fell due (debounce, held events, deferred launches),
   sent as internal signals the same way;
-- the rule reloader: new valid rule files take effect without a restart.
+- the rule reloader: new valid rule files take effect without a restart;
+- the one web server (`handlers/web/`), when `settings.worker.web_port` is set: `/healthz`,
+  `/readyz`, `/metrics` and the HTTP CloudEvents ingress `POST /events`. `_web_routes` lists
+  the route tables it serves; a module with pages adds its table there.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from typing import Any, Protocol, TextIO, cast
 
 import faust
 import structlog
+from aiohttp import web
 
-from handlers import metrics
-from handlers.codec import EncodingMode, RecordInfo, encode_event
+from handlers.codec import EncodingMode, KafkaRecord, RecordInfo, encode_event
 from handlers.faust_app import new_app
 from handlers.intake import (
     FORWARD_HEADERS,
@@ -43,8 +46,11 @@ from handlers.intake import (
     install_intake,
     seen_events,
 )
-from handlers.metrics import WorkerCounts
 from handlers.rules_reloading import RulesReloader
+from handlers.web import health, ingress, metrics
+from handlers.web.health import HealthWatch
+from handlers.web.metrics import IngressStats, WorkerCounts
+from handlers.web.server import WebServer, web_server
 from orchestrator import signals
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import ConfigError
@@ -53,7 +59,7 @@ from orchestrator.jobs.completion import CompletionRecord
 from orchestrator.jobs.model import JobRef
 from orchestrator.jobs.persistence import record_from_json, record_to_json
 from orchestrator.jobs.tracking import Milestone
-from orchestrator.ledger import DecisionRecord
+from orchestrator.ledger import DecisionRecord, Outcome
 from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs, TrainingBackend
 from orchestrator.rules import engine, loading
 from orchestrator.rules.engine import KeyState, RuleSet
@@ -153,6 +159,14 @@ class TableCompletions:
         context = raw.get("context") if raw else None
         return context.get("key") if context else None
 
+    def phases(self) -> dict[str, int]:
+        """How many jobs of this worker's partitions are in each phase (for `/metrics`)."""
+        counts: dict[str, int] = {}
+        for raw in list(self._table.values()):
+            phase = (raw or {}).get("phase") or "unknown"
+            counts[phase] = counts.get(phase, 0) + 1
+        return counts
+
 
 class FaustTopicPublisher:
     """The worker's `EventPublisher`: tuneloop's events go out through faust's own producer.
@@ -193,6 +207,10 @@ class Worker:
     counts: WorkerCounts = field(default_factory=WorkerCounts)
     ticks_pending: dict[str, datetime] = field(default_factory=dict)
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    web: WebServer | None = None
+    """The web server, when `settings.worker.web_port` asks for one."""
+    health: HealthWatch | None = None
+    ingress: IngressStats = field(default_factory=IngressStats)
 
 
 def build_worker(
@@ -266,7 +284,12 @@ def build_worker(
             sequence=info.sequence,
             position=info.position,
         )
-        counts.decisions.update(record.outcome.value for record in records)
+        created = clock.now()
+        for record in records:
+            counts.decisions[(record.rule, record.outcome.value)] += 1
+            if record.outcome is Outcome.LAUNCH:
+                # The service created the job before `handle` returned.
+                counts.launch_latency.observe((created - record.time).total_seconds())
 
     def accepts_unknown_type(event_type: str) -> bool:
         # Internal signal types are never accepted from producers: nobody may forge a job
@@ -300,6 +323,7 @@ def build_worker(
         counts=counts,
         background=worker_tasks,
     )
+    _add_web_server(worker, settings, completions=completions, clock=clock)
     _run_alongside(
         worker,
         backend=backend,
@@ -314,14 +338,79 @@ def build_worker(
 
 
 def run_worker(worker: Worker, settings: Settings, *, log_level: str) -> None:
-    """Run *worker* in the foreground until interrupted (`tuneloop run`), with `/metrics`
-    on `settings.worker.metrics_port` when one is set."""
-    port = settings.worker.metrics_port
-    if port is not None:
-        metrics.serve(
-            port, worker.intake.stats, worker.counts, retries=lambda: worker.orchestrator.retries
-        )
+    """Run *worker* in the foreground until interrupted (`tuneloop run`); its web server,
+    if it has one, runs with it."""
+    del settings  # read once, by build_worker
     faust.Worker(worker.app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()
+
+
+def _add_web_server(
+    worker: Worker, settings: Settings, *, completions: TableCompletions, clock: Clock
+) -> None:
+    """Add the one web server and the health watch to the App (see `handlers/web/`)."""
+    options = settings.worker
+    watch = HealthWatch(
+        worker.app,
+        loop_stall=options.health_loop_stall,
+        progress_stall=options.health_progress_stall,
+    )
+    server = web_server(
+        options, _web_routes(worker, settings, watch=watch, completions=completions, clock=clock)
+    )
+    if server is None:
+        return
+    # Dependencies added before the App starts start first: the probes answer during table
+    # recovery (see handlers/web/server.py for why faust's own web server is not used).
+    worker.app.add_dependency(watch)
+    worker.app.add_dependency(server)
+    worker.web, worker.health = server, watch
+
+
+def _web_routes(
+    worker: Worker,
+    settings: Settings,
+    *,
+    watch: HealthWatch,
+    completions: TableCompletions,
+    clock: Clock,
+) -> list[web.RouteTableDef]:
+    """Every route table the web server serves."""
+    app, reloader = worker.app, worker.reloader
+    input_topic = settings.kafka.topics_in[0]
+
+    async def forward(record: KafkaRecord) -> None:
+        producer: Any = app.producer
+        if not producer.started:
+            raise RuntimeError("the producer is not running")
+        await producer.send_and_wait(
+            input_topic, record.key, record.value, None, None, list(record.headers)
+        )
+
+    return [
+        health.routes(watch),
+        metrics.routes(
+            metrics.Sources(
+                intake=worker.intake.stats,
+                worker=worker.counts,
+                ingress=worker.ingress,
+                retries=lambda: worker.orchestrator.retries,
+                lag=lambda: watch.partitions,
+                jobs_by_phase=completions.phases,
+                reloads=lambda: {"applied": reloader.applied, "rejected": reloader.rejected},
+            )
+        ),
+        ingress.routes(
+            admission=worker.intake.admission,
+            forward=forward,
+            credentials=ingress.Credentials(
+                token=settings.worker.ingress_token,
+                client_certificates=settings.worker.web_tls_client_ca_file is not None,
+            ),
+            stats=worker.ingress,
+            ack_timeout=settings.worker.ingress_ack_timeout,
+            now=clock.now,
+        ),
+    ]
 
 
 def _run_alongside(

@@ -141,6 +141,11 @@ class IntakeStats:
     dead_lettered: Counter[str] = field(default_factory=Counter)
 
 
+Admission = Callable[[KafkaRecord, datetime], tuple[CloudEvent, ...]]
+"""`admit` as this intake applies it (its registry, unknown-type policy, limits and clock),
+given a record and when it arrived. Raises `InvalidEventError` with the dead-letter code."""
+
+
 @dataclass(frozen=True, slots=True)
 class Intake:
     """The faust app plus what tests and wiring may want to look at."""
@@ -149,6 +154,9 @@ class Intake:
     stats: IntakeStats
     seen: SeenEvents
     keyed_topic: str
+    admission: Admission
+    """The intake's validation, for the HTTP ingress (`handlers/web/ingress.py`): one code
+    path decides what may enter, whichever way a record came."""
 
 
 def keyed_topic_name(kafka: KafkaSettings) -> str:
@@ -226,7 +234,13 @@ def install_intake(
     # faust's stubs type receivers narrower than mode calls them; the call is checked at runtime.
     cast(Any, app.on_partitions_revoked).connect(forget_index)
 
-    return Intake(app=app, stats=pipeline.stats, seen=seen, keyed_topic=keyed_name)
+    return Intake(
+        app=app,
+        stats=pipeline.stats,
+        seen=seen,
+        keyed_topic=keyed_name,
+        admission=pipeline.admit,
+    )
 
 
 def build_intake(
@@ -282,20 +296,24 @@ class _Pipeline:
         self.dlq = dlq
         self.stats = IntakeStats()
 
+    def admit(self, record: KafkaRecord, arrived_at: datetime) -> tuple[CloudEvent, ...]:
+        """`admit` with this intake's registry, policy, limits and clock (`Admission`)."""
+        return admit(
+            record,
+            arrived_at=arrived_at,
+            now=self.now(),
+            registry=self.registry,
+            accepts_unknown_type=self.accepts_unknown_type,
+            max_event_bytes=self.kafka.max_event_bytes,
+            max_age=self.kafka.max_age,
+        )
+
     async def take_raw(self, message: Any) -> None:
         """Stage 1: admit and forward once per key, or dead-letter."""
         self.stats.received += 1
         record, origin = _record_of(message)
         try:
-            events = admit(
-                record,
-                arrived_at=origin.timestamp or self.now(),
-                now=self.now(),
-                registry=self.registry,
-                accepts_unknown_type=self.accepts_unknown_type,
-                max_event_bytes=self.kafka.max_event_bytes,
-                max_age=self.kafka.max_age,
-            )
+            events = self.admit(record, origin.timestamp or self.now())
             routes = [(index, tuple(self.router(event))) for index, event in enumerate(events)]
         except InvalidEventError as exc:
             await self.dead_letter(record, origin, exc.code, exc.message)

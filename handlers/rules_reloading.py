@@ -36,6 +36,10 @@ class RulesReloader:
         self.paths = tuple(Path(p) for p in paths)
         self.on_change = on_change
         self.current = current
+        self.applied = 0
+        """New rule sets that took effect (for `/metrics`)."""
+        self.rejected = 0
+        """Changed rule files refused as invalid, the old rules kept (for `/metrics`)."""
         self._seen_hash: str | None = loading.content_hash(self.paths) if current else None
 
     def poll(self) -> bool:
@@ -47,6 +51,7 @@ class RulesReloader:
         try:
             rules = loading.load_rules(self.paths)
         except RuleFileError as exc:
+            self.rejected += 1
             log.error(
                 "rules_reload_rejected",
                 problems=[str(p) for p in exc.problems],
@@ -64,6 +69,7 @@ class RulesReloader:
             rules=[f"{r.name}@{r.version}" for r in rules.rules],
         )
         self.on_change(rules)
+        self.applied += 1
         return True
 
     async def watch(self, *, interval: float = 2.0) -> None:

@@ -8,7 +8,7 @@ has an attribute docstring giving its unit, its default and why the default is w
 Settings are not rules: what to train and when lives in versioned rule files. These are the
 knobs of the process (where Kafka is, how big an event may be).
 
-Groups: `WorkerSettings` (what `tuneloop run` starts: rules, backend, metrics port),
+Groups: `WorkerSettings` (what `tuneloop run` starts: rules, backend, its web server),
 `KafkaSettings` and `KubernetesSettings` (the Kubernetes backend). A new area adds its own
 frozen group dataclass here as a new field of `Settings` with a default, plus a
 `_<group>_from_env` reader called by `Settings.from_env`.
@@ -95,14 +95,62 @@ class WorkerSettings:
     """kubernetes backend: the kubeconfig of the cluster. Default none: inside a pod, its
     ServiceAccount."""
 
-    metrics_port: int | None = None
-    """Serve Prometheus `/metrics` on this port. Default none: no metrics server."""
+    web_port: int | None = None
+    """Serve the worker's one web server (`/healthz`, `/readyz`, `/metrics`, `POST /events`)
+    on this TCP port; `0` picks a free one. `TUNELOOP_METRICS_PORT`, its name before the
+    server did more than metrics, is read when this is unset. Default none: no web server, so
+    that several workers on one machine never fight over a port; the Helm chart sets 8080."""
+
+    web_bind: str = "127.0.0.1"
+    """Address the web server listens on. Default `127.0.0.1`: nothing is reachable from
+    another machine unless configured; the chart sets `0.0.0.0` for the kubelet's probes."""
+
+    ingress_token: str | None = field(default=None, repr=False)
+    """Bearer token a sender of `POST /events` must present (`Authorization: Bearer ...`);
+    never logged or shown in `repr`. Default none: with no token and no mTLS, only loopback
+    may send."""
+
+    web_tls_cert_file: str | None = None
+    """PEM certificate the web server presents (HTTPS); needs `web_tls_key_file`. Default
+    none: plain HTTP."""
+
+    web_tls_key_file: str | None = None
+    """PEM private key of `web_tls_cert_file`. Default none."""
+
+    web_tls_client_ca_file: str | None = None
+    """PEM CAs whose client certificates may send to `POST /events` (mTLS); needs
+    `web_tls_cert_file`. Probes need no certificate. Default none: no mTLS."""
+
+    ingress_ack_timeout: float = 10.0
+    """Seconds `POST /events` waits for the broker to acknowledge the write before it answers
+    503 with `Retry-After`, so that the sender retries. Default 10: a Knative sender's own
+    request timeout is longer, and a healthy broker acknowledges in milliseconds."""
+
+    health_loop_stall: float = 10.0
+    """Seconds the event loop may go without a heartbeat before `/healthz` fails. Default 10:
+    a loop busy that long answers neither Kafka nor probes."""
+
+    health_progress_stall: float = 300.0
+    """Seconds the consumer may commit nothing while its partitions have lag before
+    `/healthz` fails. Default 300: longer than the backend retries of a short API outage,
+    which hold a partition on purpose (a restart would not help them)."""
 
     def __post_init__(self) -> None:
         if self.local_max_jobs <= 0:
             raise ConfigError("TUNELOOP_LOCAL_MAX_JOBS must be positive")
-        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
-            raise ConfigError(f"TUNELOOP_METRICS_PORT={self.metrics_port} is not a TCP port")
+        if self.web_port is not None and not 0 <= self.web_port < 65536:
+            raise ConfigError(f"TUNELOOP_WEB_PORT={self.web_port} is not a TCP port")
+        if (self.web_tls_cert_file is None) != (self.web_tls_key_file is None):
+            raise ConfigError(
+                "HTTPS needs both TUNELOOP_WEB_TLS_CERT_FILE and TUNELOOP_WEB_TLS_KEY_FILE"
+            )
+        if self.web_tls_client_ca_file is not None and self.web_tls_cert_file is None:
+            raise ConfigError(
+                "mTLS (TUNELOOP_WEB_TLS_CLIENT_CA_FILE) needs TUNELOOP_WEB_TLS_CERT_FILE"
+            )
+        for name in ("ingress_ack_timeout", "health_loop_stall", "health_progress_stall"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"TUNELOOP_{name.upper()} must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +326,7 @@ class Settings:
     """All of tuneloop's process settings."""
 
     worker: WorkerSettings = field(default_factory=WorkerSettings)
-    """What `tuneloop run` starts: rules, backend, metrics."""
+    """What `tuneloop run` starts: rules, backend, the web server."""
 
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     """The broker connection, topics and intake limits."""
@@ -374,7 +422,18 @@ def _worker_from_env(env: _EnvReader) -> WorkerSettings:
         local_root=env.path("local_root"),
         local_max_jobs=_or(env.integer("local_max_jobs"), defaults.local_max_jobs),
         kubeconfig=env.path("kubeconfig"),
-        metrics_port=env.integer("metrics_port"),
+        # TUNELOOP_METRICS_PORT: the variable's name before the server did more than metrics.
+        web_port=_or(env.integer("web_port"), env.integer("metrics_port")),
+        web_bind=env.raw("web_bind") or defaults.web_bind,
+        ingress_token=env.raw("ingress_token"),
+        web_tls_cert_file=env.raw("web_tls_cert_file"),
+        web_tls_key_file=env.raw("web_tls_key_file"),
+        web_tls_client_ca_file=env.raw("web_tls_client_ca_file"),
+        ingress_ack_timeout=_or(env.number("ingress_ack_timeout"), defaults.ingress_ack_timeout),
+        health_loop_stall=_or(env.number("health_loop_stall"), defaults.health_loop_stall),
+        health_progress_stall=_or(
+            env.number("health_progress_stall"), defaults.health_progress_stall
+        ),
     )
 
 

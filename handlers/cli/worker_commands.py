@@ -26,7 +26,7 @@ def with_options(
     local_max_jobs: int | None = None,
     kubeconfig: Path | None = None,
     namespace: str | None = None,
-    metrics_port: int | None = None,
+    web_port: int | None = None,
 ) -> Settings:
     """*settings* with each option that was given (not None) in place of its variable.
 
@@ -41,7 +41,7 @@ def with_options(
         local_root=old.local_root if local_root is None else local_root,
         local_max_jobs=old.local_max_jobs if local_max_jobs is None else local_max_jobs,
         kubeconfig=old.kubeconfig if kubeconfig is None else kubeconfig,
-        metrics_port=old.metrics_port if metrics_port is None else metrics_port,
+        web_port=old.web_port if web_port is None else web_port,
     )
     kubernetes = settings.kubernetes
     if namespace:
@@ -96,11 +96,13 @@ def register(app: typer.Typer) -> None:
                 " (env TUNELOOP_KUBERNETES_NAMESPACE; default default)",
             ),
         ] = None,
-        metrics_port: Annotated[
+        web_port: Annotated[
             int | None,
             typer.Option(
-                help="Serve Prometheus /metrics on this port. (env TUNELOOP_METRICS_PORT;"
-                " default: none)"
+                "--web-port",
+                "--metrics-port",
+                help="Serve /healthz, /readyz, /metrics and POST /events on this port."
+                " (env TUNELOOP_WEB_PORT, or TUNELOOP_METRICS_PORT; default: none)",
             ),
         ] = None,
         log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
@@ -126,7 +128,7 @@ def register(app: typer.Typer) -> None:
                 local_max_jobs=local_max_jobs,
                 kubeconfig=kubeconfig,
                 namespace=namespace,
-                metrics_port=metrics_port,
+                web_port=web_port,
             )
             training = make_backend(settings, clock=clock)
             worker = build_worker(settings, backend=training, clock=clock)

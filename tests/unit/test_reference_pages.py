@@ -42,4 +42,4 @@ def test_the_cli_page_lists_the_commands_other_tools_depend_on():
 def test_the_settings_page_names_the_run_option_that_overrides_a_variable():
     page = settings_page(app)
     assert "| `TUNELOOP_BACKEND` | `--backend` |" in page
-    assert "| `TUNELOOP_METRICS_PORT` | `--metrics-port` |" in page
+    assert "| `TUNELOOP_WEB_PORT` | `--web-port` |" in page

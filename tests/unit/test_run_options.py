@@ -32,7 +32,7 @@ def test_given_options_replace_the_variables_and_the_rest_stay() -> None:
     assert settings.worker.backend is BackendKind.LOCAL
     assert settings.kubernetes.namespace == "flag-ns"
     assert settings.worker.local_max_jobs == 2
-    assert settings.worker.metrics_port == 9000
+    assert settings.worker.web_port == 9000  # TUNELOOP_METRICS_PORT, the old name, still works
 
 
 def test_without_options_the_environment_decides() -> None:
@@ -54,5 +54,5 @@ def test_run_without_rules_refuses_to_start_and_says_how_to_name_them(monkeypatc
 
 def test_run_help_names_each_options_variable() -> None:
     result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
-    for variable in ("TUNELOOP_RULES", "TUNELOOP_BACKEND", "TUNELOOP_METRICS_PORT"):
+    for variable in ("TUNELOOP_RULES", "TUNELOOP_BACKEND", "TUNELOOP_WEB_PORT"):
         assert variable in result.output

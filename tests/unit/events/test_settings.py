@@ -82,10 +82,23 @@ def test_bad_settings_refuse_to_start_naming_the_variable(env: dict, named: str)
         Settings.from_env(env)
 
 
-def test_the_worker_defaults_to_the_local_backend_without_metrics() -> None:
+def test_the_worker_defaults_to_the_local_backend_without_a_web_server() -> None:
     worker = Settings.from_env({}).worker
     assert worker.backend is BackendKind.LOCAL
-    assert (worker.rules, worker.local_max_jobs, worker.metrics_port) == ((), 1, None)
+    assert (worker.rules, worker.local_max_jobs, worker.web_port) == ((), 1, None)
+    assert (worker.web_bind, worker.ingress_token) == ("127.0.0.1", None)
+
+
+def test_the_web_port_variable_wins_over_its_old_name() -> None:
+    both = {"TUNELOOP_WEB_PORT": "8080", "TUNELOOP_METRICS_PORT": "9090"}
+    assert Settings.from_env(both).worker.web_port == 8080
+    assert Settings.from_env({"TUNELOOP_METRICS_PORT": "9090"}).worker.web_port == 9090
+
+
+def test_the_ingress_token_is_never_shown() -> None:
+    worker = Settings.from_env({"TUNELOOP_INGRESS_TOKEN": "s3cret-token"}).worker
+    assert worker.ingress_token == "s3cret-token"
+    assert "s3cret-token" not in repr(worker)
 
 
 def test_every_worker_variable_is_read() -> None:
@@ -96,7 +109,11 @@ def test_every_worker_variable_is_read() -> None:
             "TUNELOOP_LOCAL_ROOT": "/var/jobs",
             "TUNELOOP_LOCAL_MAX_JOBS": "3",
             "TUNELOOP_KUBECONFIG": "/etc/kube/config",
-            "TUNELOOP_METRICS_PORT": "9464",
+            "TUNELOOP_WEB_PORT": "9464",
+            "TUNELOOP_WEB_BIND": "0.0.0.0",
+            "TUNELOOP_INGRESS_ACK_TIMEOUT": "2.5",
+            "TUNELOOP_HEALTH_LOOP_STALL": "4",
+            "TUNELOOP_HEALTH_PROGRESS_STALL": "60",
         }
     ).worker
     assert worker.rules == (Path("rules/a.yaml"), Path("rules/more"))
@@ -104,7 +121,9 @@ def test_every_worker_variable_is_read() -> None:
     assert worker.local_root == Path("/var/jobs")
     assert worker.local_max_jobs == 3
     assert worker.kubeconfig == Path("/etc/kube/config")
-    assert worker.metrics_port == 9464
+    assert (worker.web_port, worker.web_bind) == (9464, "0.0.0.0")
+    assert worker.ingress_ack_timeout == 2.5
+    assert (worker.health_loop_stall, worker.health_progress_stall) == (4.0, 60.0)
 
 
 def test_kubernetes_settings_come_from_tuneloop_kubernetes_variables() -> None:
@@ -160,9 +179,22 @@ def test_unset_kubernetes_variables_give_the_backends_own_defaults() -> None:
         ({"TUNELOOP_KUBERNETES_REQUEST_TIMEOUT": "-5"}, "TUNELOOP_KUBERNETES_REQUEST_TIMEOUT"),
         ({"TUNELOOP_BACKEND": "slurm"}, "TUNELOOP_BACKEND"),
         ({"TUNELOOP_LOCAL_MAX_JOBS": "0"}, "TUNELOOP_LOCAL_MAX_JOBS"),
-        ({"TUNELOOP_METRICS_PORT": "70000"}, "TUNELOOP_METRICS_PORT"),
+        ({"TUNELOOP_WEB_PORT": "70000"}, "TUNELOOP_WEB_PORT"),
+        ({"TUNELOOP_WEB_TLS_CERT_FILE": "/tls/cert.pem"}, "TUNELOOP_WEB_TLS_KEY_FILE"),
+        ({"TUNELOOP_WEB_TLS_CLIENT_CA_FILE": "/tls/ca.pem"}, "TUNELOOP_WEB_TLS_CERT_FILE"),
+        ({"TUNELOOP_INGRESS_ACK_TIMEOUT": "0"}, "TUNELOOP_INGRESS_ACK_TIMEOUT"),
     ],
-    ids=["timeout-not-a-number", "timeout-zero", "timeout-negative", "backend", "jobs", "port"],
+    ids=[
+        "timeout-not-a-number",
+        "timeout-zero",
+        "timeout-negative",
+        "backend",
+        "jobs",
+        "port",
+        "tls-without-key",
+        "mtls-without-cert",
+        "ack-timeout",
+    ],
 )
 def test_bad_worker_and_kubernetes_settings_refuse_to_start(env: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
