@@ -56,8 +56,13 @@ class Example:
 
 @dataclass(frozen=True, slots=True)
 class TokenizedExample:
+    """One training row: an example, or (packed) several whole examples one after another."""
+
     input_ids: tuple[int, ...]
     labels: tuple[int, ...]
+    position_ids: tuple[int, ...] = ()
+    """Empty for one example (positions 0..n-1); for a packed row, each example's positions
+    restart at 0, which is what keeps the examples of a row from attending to each other."""
 
     @property
     def trained_tokens(self) -> int:
@@ -328,17 +333,28 @@ def _adds_bos(tokenizer: Tokenizer) -> bool:
 
 
 def pack(examples: Sequence[TokenizedExample], *, block: int) -> list[TokenizedExample]:
-    """Concatenate examples and cut them into blocks of exactly *block* tokens.
+    """Whole examples, in order, side by side in rows of at most *block* tokens.
 
-    The last, partial block is dropped unless it is the only one: a full block never needs
-    padding, which is what makes packing faster.
+    Each example keeps its own positions (restarting at 0) and the label of its first token is
+    masked, as transformers' `DataCollatorWithFlattening` does: the model then attends within
+    each example only (transformers turns restarting position ids into a block-diagonal mask
+    when no attention mask is given, `masking_utils.find_packed_sequence_indices`) and never
+    predicts one example's first token from the one before. An example never straddles two
+    rows: a completion cut from its prompt would be learned without it. Rows are not padded
+    here; a batch is padded to its longest row (`batching.make_collator`).
     """
-    ids = [token for ex in examples for token in ex.input_ids]
-    labels = [label for ex in examples for label in ex.labels]
-    blocks = [
-        TokenizedExample(tuple(ids[i : i + block]), tuple(labels[i : i + block]))
-        for i in range(0, len(ids), block)
-    ]
-    if len(blocks) > 1 and len(blocks[-1].input_ids) < block:
-        blocks.pop()
-    return [b for b in blocks if b.trained_tokens]
+    rows: list[TokenizedExample] = []
+    ids: list[int] = []
+    labels: list[int] = []
+    positions: list[int] = []
+    for example in examples:
+        length = len(example.input_ids)
+        if ids and len(ids) + length > block:
+            rows.append(TokenizedExample(tuple(ids), tuple(labels), tuple(positions)))
+            ids, labels, positions = [], [], []
+        ids += example.input_ids[:block]
+        labels += (IGNORE_INDEX, *example.labels[1:block])
+        positions += range(min(length, block))
+    if ids:
+        rows.append(TokenizedExample(tuple(ids), tuple(labels), tuple(positions)))
+    return [row for row in rows if row.trained_tokens]

@@ -48,7 +48,9 @@ def trained_positions_loss(
     """The shifted causal-LM cross-entropy of a PeftModel over positions with a label."""
     causal_lm = model.get_base_model()
     hidden = causal_lm.model(
-        input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")
+        input_ids=inputs["input_ids"],
+        attention_mask=inputs.get("attention_mask"),
+        position_ids=inputs.get("position_ids"),  # packed rows: each example from 0
     ).last_hidden_state
     targets = inputs["labels"][:, 1:]
     trained = targets != IGNORE_INDEX

@@ -205,6 +205,7 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
     train_set = data.tokenize(train_records, tokenizer, max_seq_length=config.max_seq_length)
     eval_set = data.tokenize(eval_records, tokenizer, max_seq_length=config.max_seq_length)
     if config.packing:
+        _check_packing_is_separated()
         train_set = data.pack(train_set, block=config.max_seq_length)
         eval_set = data.pack(eval_set, block=config.max_seq_length)
     if not train_set:
@@ -230,6 +231,13 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(config.base_model, str(exc).splitlines()[0]) from exc
+    # A KV cache serves generation only; built on every training step it costs time for
+    # nothing, and it stops transformers from separating packed examples (it reads their
+    # position ids only without a cache). transformers 5's Trainer turns it off as well
+    # (TrainingArguments.use_cache), 4.x, which we also allow, does not. Restored before a
+    # merged model is saved, so that the merged model generates with a cache.
+    use_cache = getattr(base.config, "use_cache", None)
+    base.config.use_cache = False
     targets = config.target_modules or default_target_modules(base.config.model_type)
     check_target_modules(base, targets)
     lora = LoraConfig(
@@ -347,6 +355,7 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
         "versions": _versions(),
     }
     if is_main:
+        base.config.use_cache = use_cache
         _save_outputs(trainer, model, tokenizer, adapter_dir, merged_dir if config.merge else None)
         result["metrics"]["wall_seconds"] = time.monotonic() - wall_started
         _write_json_atomically(output_dir / "result.json", result)
@@ -471,6 +480,18 @@ def _make_trainer(
     if kubeflow_callback is not None:
         trainer.remove_callback(kubeflow_callback)
     return trainer, progress
+
+
+def _check_packing_is_separated() -> None:
+    """Refuse packing where transformers would let packed examples attend to each other."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError as exc:
+        raise InvalidTrainerConfigError(
+            "packing=true needs a transformers release that separates packed examples by "
+            "their position ids (transformers.masking_utils.find_packed_sequence_indices); "
+            "upgrade transformers or set packing=false"
+        ) from exc
 
 
 def _selective_loss_applies(model_type: str) -> bool:

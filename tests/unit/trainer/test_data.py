@@ -135,14 +135,47 @@ def test_split_is_reproducible_for_a_seed_and_holds_out_the_fraction(tmp_path: P
     assert {ex.line for ex in train}.isdisjoint({ex.line for ex in held})
 
 
-def test_packing_makes_full_blocks_and_keeps_masks(tmp_path: Path):
-    rows = [json.dumps({"prompt": "pp", "completion": "cc"}) for _ in range(10)]
+def test_packing_puts_whole_examples_side_by_side_each_from_position_zero(tmp_path: Path):
+    rows = [json.dumps({"prompt": "pp", "completion": "cc"}) for _ in range(5)]
     examples = data.read_examples(_file(tmp_path, *rows))
     tokenized = data.tokenize(examples, CharTokenizer(), max_seq_length=64)
+    # Each example is <bos> p p c c <eos>: 6 tokens, so two fit in 16 and a third does not.
     blocks = data.pack(tokenized, block=16)
-    assert all(len(block.input_ids) == 16 for block in blocks)
-    assert len(blocks) == (10 * 6) // 16
-    assert blocks[0].labels[:3] == (-100, -100, -100)
+
+    assert [len(block.input_ids) for block in blocks] == [12, 12, 6]
+    c, ignored = ord("c") + 10, -100
+    one_example = (ignored, ignored, ignored, c, c, EOS)
+    assert blocks[0].labels == one_example + one_example
+    assert blocks[0].position_ids == (0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)
+    assert blocks[2].position_ids == (0, 1, 2, 3, 4, 5)
+
+
+def test_packing_never_predicts_an_example_from_the_one_before_it(tmp_path: Path):
+    # Text records train on every token, the first one too: packed, its label is masked,
+    # since the token before it belongs to another example.
+    path = _file(tmp_path, '{"text": "ab"}', '{"text": "cd"}')
+    tokenized = data.tokenize(data.read_examples(path), NoBosTokenizer(), max_seq_length=64)
+    (block,) = data.pack(tokenized, block=64)
+    a, b, c, d = (ord(ch) + 10 for ch in "abcd")
+    assert block.input_ids == (a, b, EOS, c, d, EOS)
+    assert block.labels == (-100, b, EOS, -100, d, EOS)
+    assert block.position_ids == (0, 1, 2, 0, 1, 2)
+
+
+def test_packing_keeps_every_example_and_never_splits_one(tmp_path: Path):
+    rows = [json.dumps({"text": "x" * n}) for n in (3, 9, 2, 7, 5, 1)]
+    tokenized = data.tokenize(
+        data.read_examples(_file(tmp_path, *rows)), CharTokenizer(), max_seq_length=64
+    )
+    blocks = data.pack(tokenized, block=12)
+    assert sum(len(b.input_ids) for b in blocks) == sum(len(t.input_ids) for t in tokenized)
+    assert all(len(b.input_ids) <= 12 for b in blocks)
+    starts = [b.position_ids.count(0) for b in blocks]
+    assert sum(starts) == len(rows)
+
+
+class NoBosTokenizer(CharTokenizer):
+    bos_token_id = None
 
 
 def test_fingerprint_changes_when_the_data_changes(tmp_path: Path):
