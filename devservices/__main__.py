@@ -1,8 +1,9 @@
-"""`python -m devservices prepare [kafka] [kubernetes] [helm]`: resolve Kafka's
-jars, build the Kubernetes API server and etcd, and helm for the chart's tests, once, into
-~/.cache/tuneloop.
+"""`python -m devservices prepare [kafka] [kubernetes] [control-plane] [helm]`: resolve
+Kafka's jars, build the Kubernetes API server and etcd, the local control plane with the real
+controllers (kube-apiserver, kube-controller-manager, JobSet, Kubeflow Trainer), and helm for
+the chart's tests, once, into ~/.cache/tuneloop.
 
-With no name, all three (`make services`); `make demo` needs only Kafka.
+With no name, all of them (`make services`); `make demo` needs only Kafka.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from devservices import kafka, kubernetes
+from devservices import control_plane, kafka, kubernetes
 
 PREPARERS: dict[str, Callable[[], None]] = {
     "kafka": kafka.prepare,
     "kubernetes": kubernetes.prepare,
+    "control-plane": control_plane.prepare,
     "helm": kubernetes.prepare_helm,
 }
 
@@ -23,7 +25,7 @@ def main(argv: list[str]) -> int:
     names = argv[1:] or list(PREPARERS)
     if argv[:1] != ["prepare"] or any(name not in PREPARERS for name in names):
         print(
-            "usage: python -m devservices prepare [kafka] [kubernetes] [helm]",
+            "usage: python -m devservices prepare [kafka] [kubernetes] [control-plane] [helm]",
             file=sys.stderr,
         )
         return 2

@@ -124,13 +124,11 @@ def go_environment(cache: Path) -> dict[str, str]:
     return env
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
     print(f"kubernetes: {message}", file=sys.stderr, flush=True)
 
 
-def _run_go(
-    args: Sequence[str], *, env: Mapping[str, str], cwd: Path, log: Path, what: str
-) -> None:
+def run_go(args: Sequence[str], *, env: Mapping[str, str], cwd: Path, log: Path, what: str) -> None:
     """Run a long `go` command, its output into *log*, a progress line every 30 s."""
     go = shutil.which("go", path=env.get("PATH"))
     if go is None:
@@ -148,16 +146,16 @@ def _run_go(
                 code = process.wait(timeout=_HEARTBEAT_SECONDS)
                 break
             except subprocess.TimeoutExpired:
-                _progress(f"still building {what} ({time.monotonic() - started:.0f} s)")
+                progress(f"still building {what} ({time.monotonic() - started:.0f} s)")
     if code != 0:
         tail = log.read_text(errors="replace").splitlines()[-20:]
         raise KubernetesUnavailableError(
             f"building {what} failed (exit {code}); log {log}:\n" + "\n".join(tail)
         )
-    _progress(f"built {what} in {time.monotonic() - started:.0f} s")
+    progress(f"built {what} in {time.monotonic() - started:.0f} s")
 
 
-def _stamp_matches(binary: Path, stamp: str) -> bool:
+def stamp_matches(binary: Path, stamp: str) -> bool:
     stamp_file = binary.with_name(binary.name + ".stamp")
     return (
         binary.is_file()
@@ -166,7 +164,7 @@ def _stamp_matches(binary: Path, stamp: str) -> bool:
     )
 
 
-def _write_stamp(binary: Path, stamp: str) -> None:
+def write_stamp(binary: Path, stamp: str) -> None:
     binary.with_name(binary.name + ".stamp").write_text(stamp + "\n", encoding="utf-8")
 
 
@@ -218,17 +216,17 @@ def _go_install(cache: Path, package: str, version: str, name: str, *, cold: str
     env = go_environment(cache)
     binary = cache / "bin" / name
     stamp = f"{package}@{version}"
-    if _stamp_matches(binary, stamp):
+    if stamp_matches(binary, stamp):
         return binary
     if _built_module_version(binary, env) == stamp:
         # Built by hand (or by an older prepare) with the same version: adopt it.
-        _write_stamp(binary, stamp)
+        write_stamp(binary, stamp)
         return binary
-    _progress(f"building {stamp} (cold: about {cold} on 2 cores, then cached)")
+    progress(f"building {stamp} (cold: about {cold} on 2 cores, then cached)")
     binary.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=binary.parent, prefix=f".{name}-build-") as staging:
         env["GOBIN"] = staging
-        _run_go(
+        run_go(
             ["install", "-trimpath", "-ldflags=-s -w", stamp],
             env=env,
             cwd=cache,
@@ -237,7 +235,7 @@ def _go_install(cache: Path, package: str, version: str, name: str, *, cold: str
         )
         # Rename into place so that a half-written binary is never taken for a built one.
         os.replace(Path(staging) / Path(package).name, binary)
-    _write_stamp(binary, stamp)
+    write_stamp(binary, stamp)
     return binary
 
 
@@ -245,15 +243,15 @@ def build_etcd(cache: Path) -> Path:
     """`go build` the etcd wrapper module (deploy/local/etcd) into *cache*/bin."""
     binary = cache / "bin" / "etcd"
     stamp = _etcd_stamp()
-    if _stamp_matches(binary, stamp):
+    if stamp_matches(binary, stamp):
         return binary
-    _progress("building etcd from deploy/local/etcd (cold: about 3 min on 2 cores)")
+    progress("building etcd from deploy/local/etcd (cold: about 3 min on 2 cores)")
     binary.parent.mkdir(parents=True, exist_ok=True)
     # Built beside the target and renamed into place: a concurrent `prepare` or an interrupted
     # build never leaves a half-written etcd that looks built.
     with tempfile.TemporaryDirectory(dir=binary.parent, prefix=".etcd-build-") as staging:
         partial = Path(staging) / "etcd"
-        _run_go(
+        run_go(
             ["build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
             env=go_environment(cache),
             cwd=ETCD_WRAPPER_DIR,
@@ -261,7 +259,7 @@ def build_etcd(cache: Path) -> Path:
             what="etcd",
         )
         os.replace(partial, binary)
-    _write_stamp(binary, stamp)
+    write_stamp(binary, stamp)
     return binary
 
 
@@ -272,7 +270,7 @@ _GET_MANIFESTS = (
 """What to do when the Trainer manifests are missing: named in every such error."""
 
 
-def _trainer_module_dir(cache: Path) -> Path:
+def trainer_module_dir(cache: Path) -> Path:
     """The Trainer Go module's source tree, which holds the CRDs and the runtimes.
 
     `go mod download` answers from the module cache when the module is there, so a warm
@@ -322,7 +320,7 @@ def trainer_manifests(cache: Path) -> tuple[tuple[Path, ...], tuple[Path, ...], 
     Raises:
         KubernetesUnavailableError: the module is not there; the message says how to get it.
     """
-    module = _trainer_module_dir(cache)
+    module = trainer_module_dir(cache)
     crds = tuple(module / "manifests" / "base" / "crds" / name for name in _CRD_FILES)
     runtime = module / "manifests" / "base" / "runtimes" / _RUNTIME_FILE
     missing = [str(path) for path in (*crds, runtime) if not path.is_file()]
@@ -371,12 +369,12 @@ def installed_paths(cache: Path | None = None) -> Paths | None:
 def prepare() -> None:
     """Entry point of `python -m devservices prepare`."""
     paths = prepare_kubernetes()
-    _progress(f"ready: {paths.apiserver}, {paths.etcd}; Trainer CRDs from {paths.manifest_source}")
+    progress(f"ready: {paths.apiserver}, {paths.etcd}; Trainer CRDs from {paths.manifest_source}")
 
 
 def prepare_helm() -> None:
     """Entry point of `python -m devservices prepare helm`."""
-    _progress(f"ready: {build_helm()}")
+    progress(f"ready: {build_helm()}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,8 +397,17 @@ ADMIN_GROUP = "system:masters"
 """The apiserver's privileged group: always allowed, with no authorizer to ask."""
 
 
-def make_certificates(directory: Path, *, now: datetime.datetime, days: int = 30) -> Certificates:
+def make_certificates(
+    directory: Path,
+    *,
+    now: datetime.datetime,
+    days: int = 30,
+    server_dns_names: Sequence[str] = (),
+) -> Certificates:
     """Write a CA, a server certificate for 127.0.0.1/localhost and an admin client certificate.
+
+    *server_dns_names* are added to the server certificate's names: the local control plane's
+    controllers serve their webhooks with it, under the Service names their clients use.
 
     The client certificate's organisation is `system:masters`: apiextensions-apiserver has no
     AlwaysAllow mode, but it lets that group do everything without asking an authorizer.
@@ -477,6 +484,7 @@ def make_certificates(directory: Path, *, now: datetime.datetime, days: int = 30
                     [
                         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
                         x509.DNSName("localhost"),
+                        *(x509.DNSName(extra) for extra in server_dns_names),
                     ]
                 ),
                 False,
@@ -666,10 +674,12 @@ def free_loopback_port() -> int:
 
 
 @dataclass(slots=True)
-class _Process:
+class ManagedProcess:
     name: str
     args: tuple[str, ...]
     log: Path
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Variables set for this process on top of `server_environment()`."""
     popen: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
 
@@ -685,7 +695,7 @@ class _Process:
             stdin=subprocess.DEVNULL,
             stdout=self.log_file,
             stderr=subprocess.STDOUT,
-            env=server_environment(),
+            env={**server_environment(), **self.extra_env},
             start_new_session=True,
         )
 
@@ -724,8 +734,8 @@ class LocalKubeAPI:
         self.kubeconfig = workdir / "kubeconfig.yaml"
         self._ports: Ports | None = None
         self._certificates: Certificates | None = None
-        self._etcd: _Process | None = None
-        self._apiserver: _Process | None = None
+        self._etcd: ManagedProcess | None = None
+        self._apiserver: ManagedProcess | None = None
         self._loaded = False
 
     # -- public --------------------------------------------------------------------------
@@ -850,12 +860,12 @@ class LocalKubeAPI:
     def _write_process_specs(self) -> None:
         ports = self._require_ports()
         logs = self.workdir / "logs"
-        self._etcd = _Process(
+        self._etcd = ManagedProcess(
             "etcd",
             render_etcd_args(self.paths.etcd, data_dir=self.workdir / "etcd", ports=ports),
             logs / "etcd.log",
         )
-        self._apiserver = _Process(
+        self._apiserver = ManagedProcess(
             "apiserver",
             render_apiserver_args(
                 self.paths.apiserver,
@@ -893,7 +903,7 @@ class LocalKubeAPI:
         except (OSError, ValueError, urllib.error.URLError):
             return False
 
-    def _wait_until(self, check: Any, process: _Process, what: str) -> None:
+    def _wait_until(self, check: Any, process: ManagedProcess, what: str) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if check():
@@ -926,7 +936,7 @@ def new_api_client(kubeconfig: Path) -> Any:
     return config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
 
 
-def _documents(path: Path) -> list[dict[str, Any]]:
+def documents(path: Path) -> list[dict[str, Any]]:
     # The C loader reads a 900 KB CRD in 0.1 s; the pure-Python one takes a second per file.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with path.open(encoding="utf-8") as stream:
@@ -950,14 +960,26 @@ def load_trainer_manifests(kubeconfig: Path, paths: Paths, *, timeout: float = 9
         KubernetesUnavailableError: a CRD was not Established within *timeout* seconds, or
             the server refused a manifest.
     """
+    create_crds(kubeconfig, paths.crds, TRAINER_CRD_NAMES, timeout=timeout)
+    create_cluster_runtimes(kubeconfig, paths.runtimes, timeout=timeout)
+
+
+def create_crds(
+    kubeconfig: Path, files: Sequence[Path], names: Sequence[str], *, timeout: float
+) -> None:
+    """Create the CRDs in *files* (skip those that exist) and wait until *names* are Established.
+
+    Raises:
+        KubernetesUnavailableError: a CRD was refused or not Established within *timeout*.
+    """
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     with new_api_client(kubeconfig) as api:
         extensions = client.ApiextensionsV1Api(api)
-        for path in paths.crds:
+        for path in files:
             crd: Any  # a plain dict: the client's typed model would cost seconds to build
-            for crd in _documents(path):
+            for crd in documents(path):
                 try:
                     # _preload_content=False: the client would otherwise turn a 900 KB schema
                     # into model objects, which takes seconds and is thrown away.
@@ -971,12 +993,27 @@ def load_trainer_manifests(kubeconfig: Path, paths: Paths, *, timeout: float = 9
                         raise KubernetesUnavailableError(
                             f"the API server refused {path.name}: {exc.status} {exc.reason}"
                         ) from exc
-        for name in TRAINER_CRD_NAMES:
+        for name in names:
             _wait_for_established(extensions, name, timeout=timeout)
+
+
+def create_cluster_runtimes(kubeconfig: Path, files: Sequence[Path], *, timeout: float) -> None:
+    """Create the ClusterTrainingRuntimes in *files*, skipping those that exist.
+
+    A 404 (the resource is Established but not served yet) or a 500 (the Trainer's webhook is
+    not answering yet) is retried until *timeout*.
+
+    Raises:
+        KubernetesUnavailableError: the server refused a runtime.
+    """
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    with new_api_client(kubeconfig) as api:
         objects = client.CustomObjectsApi(api)
         deadline = time.monotonic() + timeout
-        for path in paths.runtimes:
-            for runtime in _documents(path):
+        for path in files:
+            for runtime in documents(path):
                 while True:
                     try:
                         _discard(
@@ -992,8 +1029,7 @@ def load_trainer_manifests(kubeconfig: Path, paths: Paths, *, timeout: float = 9
                     except ApiException as exc:
                         if exc.status == 409:
                             break
-                        # Established can come a moment before the resource is served.
-                        if exc.status == 404 and time.monotonic() < deadline:
+                        if exc.status in (404, 500) and time.monotonic() < deadline:
                             time.sleep(0.2)
                             continue
                         raise KubernetesUnavailableError(
