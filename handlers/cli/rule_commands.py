@@ -227,10 +227,11 @@ def _records_from_kafka(bootstrap: str, topic: str) -> list[DecisionRecord]:
 
 
 def explain(
-    rule: Annotated[str, typer.Option("--rule", help="Rule name.")],
+    rule: Annotated[str | None, typer.Option("--rule", help="Rule name.")] = None,
     key: Annotated[str | None, typer.Option("--key", help="The key (e.g. model id).")] = None,
     event: Annotated[
-        str | None, typer.Option("--event", help="Only decisions involving this event id.")
+        str | None,
+        typer.Option("--event", help="An event id: every rule's decision about it, or why not."),
     ] = None,
     records_path: Annotated[
         Path | None, typer.Option("--records", help="JSON Lines of decision records.")
@@ -246,7 +247,13 @@ def explain(
     topic: Annotated[str, typer.Option("--topic", help="The audit topic.")] = "tuneloop.audit",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """The story of one rule and key: which events counted, what fired, or why not."""
+    """The story of one rule and key, or of one event: what fired, what counted, or why not.
+
+    With `--event` alone it answers for any event: every rule that named the event's type and
+    what it decided (launched, counted, held back, ignored and why, failed).
+    """
+    if rule is None and event is None:
+        raise typer.BadParameter("give --rule (and --key), or --event, or both")
     if records_path is not None:
         records = _read_records(records_path)
     elif rules and events is not None:
@@ -258,13 +265,17 @@ def explain(
     story = [
         r
         for r in records
-        if r.rule == rule
+        if (rule is None or r.rule == rule)
         and (key is None or r.key == key)
         and (event is None or event in r.event_ids)
     ]
     if as_json:
         for record in story:
             typer.echo(json.dumps(record.to_json(), sort_keys=True))
+        return
+    if rule is None:
+        assert event is not None  # checked above: one of the two is given
+        _explain_event(event, story, key=key)
         return
     subject = (
         f"rule {rule!r}"
@@ -276,17 +287,14 @@ def explain(
         typer.echo(f"no decisions for {subject}. Rules with decisions: {', '.join(known) or '-'}")
         if event is not None:
             typer.echo(
-                "The event was never evaluated by this rule: check its type, its "
-                "source against the rule's `source`, and its `where`."
+                "The rule left no record about this event: it does not name the event's "
+                "type, or its why-not record was left out by the per-rule limit (see "
+                "`suppressed` in its next record; docs/rules.md, 'Why-not records')."
             )
         raise typer.Exit(1)
     typer.echo(f"Decisions for {subject}:")
     for record in story:
-        reason = f" ({record.reason.value})" if record.reason else ""
-        typer.echo(
-            f"  {format_time(record.time)}  {record.outcome.value}{reason}"
-            f"  [{', '.join(record.event_ids)}]  {record.message}"
-        )
+        typer.echo(f"  {_line(record)}")
     launches = [r for r in story if r.outcome is Outcome.LAUNCH]
     last = story[-1]
     typer.echo("")
@@ -300,6 +308,50 @@ def explain(
             + (f" ({last.reason.value})" if last.reason else "")
             + f": {last.message}"
         )
+
+
+def _line(record: DecisionRecord) -> str:
+    reason = f" ({record.reason.value})" if record.reason else ""
+    return (
+        f"{format_time(record.time)}  {record.outcome.value}{reason}"
+        f"  [{', '.join(record.event_ids)}]  {record.message}"
+    )
+
+
+_SAYS = {
+    Outcome.ACCUMULATE: "counted it",
+    Outcome.LAUNCH: "launched",
+    Outcome.SUPPRESS: "held back",
+    Outcome.DEFER: "deferred the launch",
+    Outcome.LATE: "refused it as late",
+    Outcome.CANCEL: "cancelled a job",
+    Outcome.ERROR: "failed on it",
+    Outcome.IGNORE: "ignored it",
+}
+"""What each outcome means, said of one event."""
+
+
+def _explain_event(event: str, story: Sequence[DecisionRecord], *, key: str | None) -> None:
+    """Every rule's decisions about *event*, one rule after another in order of first record."""
+    if not story:
+        typer.echo(f"no decisions about event {event!r}.")
+        typer.echo(
+            "No rule names its type (the intake may also have dead-lettered it: see "
+            "`tuneloop tail` on the dead-letter topic), or the rules' why-not records were "
+            "left out by the per-rule limit (docs/rules.md, 'Why-not records')."
+        )
+        raise typer.Exit(1)
+    by_rule: dict[str, list[DecisionRecord]] = {}
+    for record in story:
+        by_rule.setdefault(record.rule, []).append(record)
+    typer.echo(f"Event {event!r}" + (f", key {key!r}" if key else "") + ":")
+    for name, decided in by_rule.items():
+        final = decided[-1]
+        reason = f" ({final.reason.value})" if final.reason else ""
+        where = f" for key {final.key!r}" if final.key else ""
+        typer.echo(f"  rule {name!r}{where}: {_SAYS[final.outcome]}{reason}")
+        for record in decided:
+            typer.echo(f"    {_line(record)}")
 
 
 # --- rule tests as data -------------------------------------------------------------------

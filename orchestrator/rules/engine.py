@@ -8,7 +8,9 @@ cannot disagree.
 How the wiring drives it, per event:
   1. `route(rules, event)` gives every (rule, key) the event is relevant to; repartition the
      event by key so that one worker owns all state of a key. Also publish
-     `routing_errors(rules, event, now=...)` (events a rule looked at but could not key).
+     `why_not(rules, event, now=...)` (rules that name the event's type but did not consider
+     it: a source glob, a false `where`, a `where` or key that failed), through
+     `why_not.limit` so that one rule writes at most a few per minute.
   2. For each DISTINCT key: `evaluate(rules, state_of_key, event, key=key, now=now)`; store
      the new state, publish every record to the audit topic, call the backend for `launch`
      (`record.job`) and `cancel` (`record.job_name`) records.

@@ -1,9 +1,11 @@
 """Replaying events through the real engine on a simulated clock.
 
 `tuneloop simulate`, `tuneloop explain --events` and `tuneloop test` call `simulate`. It drives
-exactly the functions the service drives (`route`, `routing_errors`, `evaluate`, `tick`,
+exactly the functions the service drives (`route`, `why_not`, `evaluate`, `tick`,
 `observe`): the clock follows event time, every key's timers fire as the clock passes them,
-and each launched job is assumed to finish `assume_duration` after it started.
+and each launched job is assumed to finish `assume_duration` after it started. Every why-not
+record is kept (the service limits them per rule and minute; a simulation has no flood to
+fear and should answer for every event).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class Simulation:
         start = len(self.records)
         self.now = at if self.now is None else max(self.now, at)
         self._run_timers(until=self.now)
-        self._take(engine.routing_errors(self.rules, event, now=self.now))
+        self._take(engine.why_not(self.rules, event, now=self.now))
         keys = dict.fromkeys(route.key for route in engine.route(self.rules, event))
         for key in keys:
             state, records = engine.evaluate(

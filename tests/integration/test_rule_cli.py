@@ -101,8 +101,30 @@ def test_explain_tells_the_story_of_a_rule_and_key_from_simulate_records(tmp_pat
             str(records),
         ],
     )
-    assert why_not.exit_code == 1
-    assert "never evaluated" in why_not.output
+    # The example's spoofed event comes from a laptop, which the rule's source glob refuses.
+    assert why_not.exit_code == 0, why_not.output
+    assert "ignore (source-mismatch)" in why_not.output
+    assert "source '/laptop/bob' matches none of the rule's sources ('/monitors/*')" in (
+        why_not.output
+    )
+
+
+def test_explain_event_alone_names_every_rule_that_decided_about_it(tmp_path):
+    records = tmp_path / "records.jsonl"
+    simulated = runner.invoke(app, ["simulate", "--rules", RULES, "--events", EVENTS, "--json"])
+    records.write_text(simulated.stdout)
+    result = runner.invoke(app, ["explain", "--event", "spoofed-1", "--records", str(records)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[:2] == [
+        "Event 'spoofed-1':",
+        "  rule 'chat-drift-retrain': ignored it (source-mismatch)",
+    ]
+
+
+def test_explain_needs_a_rule_or_an_event():
+    result = runner.invoke(app, ["explain", "--records", "whatever.jsonl"])
+    assert result.exit_code == 2
+    assert "give --rule" in result.output
 
 
 def test_rule_tests_as_data_pass_and_a_wrong_expectation_fails(tmp_path):
