@@ -56,7 +56,7 @@ from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import ConfigError
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.completion import CompletionRecord
-from orchestrator.jobs.model import JobRef
+from orchestrator.jobs.model import JobPhase, JobRef
 from orchestrator.jobs.persistence import record_from_json, record_to_json
 from orchestrator.jobs.tracking import Milestone
 from orchestrator.ledger import DecisionRecord, Outcome
@@ -163,7 +163,8 @@ class TableCompletions:
         """How many jobs of this worker's partitions are in each phase (for `/metrics`)."""
         counts: dict[str, int] = {}
         for raw in list(self._table.values()):
-            phase = (raw or {}).get("phase") or "unknown"
+            # A job created and not yet observed is waiting to start: Pending.
+            phase = (raw or {}).get("phase") or JobPhase.PENDING.value
             counts[phase] = counts.get(phase, 0) + 1
         return counts
 

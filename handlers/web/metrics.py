@@ -29,7 +29,21 @@ from prometheus_client.registry import Collector
 from handlers.intake import IntakeStats
 from handlers.web.health import PartitionLag
 
-LAUNCH_LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600)
+LAUNCH_LATENCY_BUCKETS = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+    21600.0,
+)
 """Upper bounds (seconds) of the launch-latency histogram: from an immediate launch (well
 under a second) to a debounced or deferred one (minutes to hours)."""
 
@@ -50,10 +64,16 @@ class LaunchLatency:
         """(upper bound, observations at or under it), ending with `+Inf`."""
         running = 0
         buckets = []
-        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+        labels = (*(_bound_label(bound) for bound in self.bounds), "+Inf")
+        for bound, count in zip(labels, self.counts, strict=True):
             running += count
             buckets.append((bound, float(running)))
         return buckets
+
+
+def _bound_label(bound: float) -> str:
+    """A bucket's `le` label as Prometheus' own clients write it (`900.0`, `0.25`)."""
+    return repr(float(bound))
 
 
 @dataclass(slots=True)

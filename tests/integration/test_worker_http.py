@@ -1,0 +1,359 @@
+"""The worker's web server, on a running worker and the real broker.
+
+Metrics are read with prometheus_client's own parser, and events are sent over HTTP as the
+CloudEvents SDK's HTTP binding writes them (binary, structured) and as its JSON format
+writes a batch: both are someone else's implementation, not ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiokafka import AIOKafkaProducer
+from cloudevents.core.bindings import http as sdk_http
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent as SdkEvent
+from faust.contrib.asgi import faust_app_running
+from prometheus_client.parser import text_string_to_metric_families
+
+from handlers.app import Worker, build_worker
+from handlers.codec import KafkaRecord, decode_record
+from orchestrator.clock import SystemClock
+from orchestrator.jobs.model import JobPhase
+from orchestrator.ledger import DECISION_EVENT_TYPE
+from orchestrator.settings import KafkaSettings, Settings, WorkerSettings
+from orchestrator.testing import InMemoryBackend
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
+
+RULE = "drift-retrain"
+RULES = f"""
+runtimes: [torch-distributed]
+rules:
+  - name: {RULE}
+    on:
+      type: io.tuneloop.drift.detected.v1
+    key: "event.data.model_id"
+    window: 6h
+    count: 2
+    concurrency: forbid
+    launch:
+      runtime: torch-distributed
+      base_model: "tiny"
+      dataset: "file:///data/${{ key }}.jsonl"
+"""
+TEN_MINUTES_AGO = datetime.now(UTC) - timedelta(minutes=10)
+
+
+def drift_event(event_id: str, model: str = "m1") -> SdkEvent:
+    return SdkEvent(
+        attributes={
+            "id": event_id,
+            "source": "/monitors/psi",
+            "type": "io.tuneloop.drift.detected.v1",
+            "time": TEN_MINUTES_AGO,
+            "datacontenttype": "application/json",
+        },
+        data={"model_id": model, "metric": "psi", "value": 0.3, "threshold": 0.2},
+    )
+
+
+Scrape = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
+    async with session.get(f"{url}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Scrape, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+async def until(condition: Callable[[], Any], *, what: str, timeout: float = 60) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+def topics(new_topic: Any) -> dict[str, str]:
+    return {name: new_topic(name) for name in ("in", "out", "audit", "dlq")}
+
+
+@asynccontextmanager
+async def running_worker(
+    bootstrap: str, topics: dict[str, str], rules: Path, **web: Any
+) -> AsyncIterator[tuple[Worker, InMemoryBackend]]:
+    backend = InMemoryBackend(SystemClock())
+    settings = Settings(
+        worker=WorkerSettings(web_port=0, **web),
+        kafka=KafkaSettings(
+            bootstrap=bootstrap,
+            topics_in=(topics["in"],),
+            topic_out=topics["out"],
+            topic_audit=topics["audit"],
+            topic_dlq=topics["dlq"],
+            group_id=f"web-{uuid.uuid4().hex[:8]}",
+            internal_partitions=2,
+        ),
+    )
+    worker = build_worker(
+        settings,
+        rule_paths=[rules],
+        backend=backend,
+        tick_interval=0.2,
+        reload_interval=0.2,
+        broker_commit_interval=0.2,
+        topic_replication_factor=1,
+    )
+    async with faust_app_running(worker.app, stop_timeout=30):
+        yield worker, backend
+
+
+async def audited_event_ids(bootstrap: str, topic: str) -> set[str]:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    ids: set[str] = set()
+    try:
+        batches = await consumer.getmany(timeout_ms=1500)
+        for records in batches.values():
+            for r in records:
+                record = KafkaRecord(value=r.value, headers=tuple(r.headers), key=r.key)
+                for event in decode_record(record, max_event_bytes=10_000_000):
+                    if event.type == DECISION_EVENT_TYPE:
+                        ids.update(event.data["event_ids"])
+    finally:
+        await consumer.stop()
+    return ids
+
+
+@pytest.fixture
+def rules(tmp_path: Path) -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    return path
+
+
+async def test_metrics_scraped_from_a_running_worker_move_as_events_arrive(
+    kafka_bootstrap: str, topics: dict[str, str], rules: Path
+) -> None:
+    async with (
+        running_worker(kafka_bootstrap, topics, rules) as (worker, backend),
+        aiohttp.ClientSession() as http,
+    ):
+        assert worker.web is not None
+        url = worker.web.url
+
+        async def ready() -> bool:
+            async with http.get(f"{url}/readyz") as response:
+                return response.status == 200
+
+        await until(ready, what="/readyz")
+        async with http.get(f"{url}/healthz") as response:
+            assert response.status == 200
+        before = await scrape(http, url)
+        assert value(before, "tuneloop_decisions_total", rule=RULE, outcome="launch") == 0
+        assert value(before, "tuneloop_launch_latency_seconds_count") == 0
+
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            for n in (1, 2):
+                message = sdk_http.to_binary_event(drift_event(f"metrics-{n}"))
+                headers = [
+                    (name.replace("ce-", "ce_", 1).lower(), text.encode())
+                    for name, text in message.headers.items()
+                ]
+                await producer.send_and_wait(topics["in"], message.body, headers=headers)
+            await producer.send_and_wait(topics["in"], b"not an event")
+        finally:
+            await producer.stop()
+
+        async def launched_and_dead_lettered() -> bool:
+            now = await scrape(http, url)
+            return (
+                value(now, "tuneloop_decisions_total", rule=RULE, outcome="launch") == 1
+                and value(now, "tuneloop_dead_letters_total", code="record.not_cloudevent") == 1
+            )
+
+        await until(launched_and_dead_lettered, what="the launch and the dead letter")
+        after = await scrape(http, url)
+        assert value(after, "tuneloop_decisions_total", rule=RULE, outcome="accumulate") == 1
+        assert value(after, "tuneloop_intake_received_total") == 3
+        # The events happened ten minutes before the job was created.
+        assert value(after, "tuneloop_launch_latency_seconds_count") == 1
+        assert 590 < value(after, "tuneloop_launch_latency_seconds_sum") < 900
+        assert value(after, "tuneloop_launch_latency_seconds_bucket", le="300.0") == 0
+        assert value(after, "tuneloop_launch_latency_seconds_bucket", le="900.0") == 1
+        assert value(after, "tuneloop_jobs", phase="Pending") == 1
+
+        (job,) = backend.job_names
+        backend.move(job, JobPhase.RUNNING)
+
+        async def running() -> bool:
+            return value(await scrape(http, url), "tuneloop_jobs", phase="Running") == 1
+
+        await until(running, what="the job's phase in /metrics")
+
+        async def lag_measured() -> bool:
+            now = await scrape(http, url)
+            return (
+                "tuneloop_consumer_lag",
+                frozenset({("topic", topics["in"]), ("partition", "0")}),
+            ) in now
+
+        await until(lag_measured, what="the input partition's lag")
+
+        rules.write_text("rules: [this is not a rule]\n")
+
+        async def reload_rejected() -> bool:
+            now = await scrape(http, url)
+            return value(now, "tuneloop_rule_reloads_total", result="rejected") == 1
+
+        await until(reload_rejected, what="the rejected reload")
+        rules.write_text(RULES.replace("count: 2", "count: 3"))
+
+        async def reload_applied() -> bool:
+            now = await scrape(http, url)
+            return value(now, "tuneloop_rule_reloads_total", result="applied") == 1
+
+        await until(reload_applied, what="the applied reload")
+        async with http.get(f"{url}/healthz") as response:
+            assert response.status == 200
+
+
+def non_loopback_address() -> str | None:
+    """This machine's address on its default route, if it has one."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.255", 9))  # no packet is sent for a UDP connect
+        address = str(probe.getsockname()[0])
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+async def post(
+    http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, Any, Any]:
+    async with http.post(f"{url}/events", data=body, headers=headers) as response:
+        return response.status, await response.json(content_type=None), response.headers
+
+
+async def test_events_posted_over_http_reach_a_decision_and_invalid_ones_are_refused(
+    kafka_bootstrap: str, topics: dict[str, str], rules: Path
+) -> None:
+    async with (
+        running_worker(kafka_bootstrap, topics, rules, web_bind="0.0.0.0") as (worker, _),
+        aiohttp.ClientSession() as http,
+    ):
+        assert worker.web is not None
+        url = f"http://127.0.0.1:{worker.web.port}"
+        binary = sdk_http.to_binary_event(drift_event("http-binary", model="a"))
+        structured = sdk_http.to_structured_event(drift_event("http-structured", model="a"))
+        batch_body = b"[%s]" % b",".join(
+            JSONFormat().write(drift_event(f"http-batch-{n}", model="b")) for n in (1, 2)
+        )
+        batch_headers = {"Content-Type": "application/cloudevents-batch+json"}
+        unwanted = SdkEvent(
+            attributes={
+                "id": "http-unwanted",
+                "source": "/ingest",
+                "type": "io.tuneloop.data.arrived.v1",
+                "datacontenttype": "application/json",
+            },
+            data={"dataset_id": "reviews", "uri": "s3://bucket/reviews/part-1", "rows": 10},
+        )
+        accepted = [
+            await post(http, url, binary.body, binary.headers),
+            await post(http, url, structured.body, structured.headers),
+            await post(http, url, batch_body, batch_headers),
+        ]
+        assert [(status, body["accepted"]) for status, body, _ in accepted] == [
+            (202, ["http-binary"]),
+            (202, ["http-structured"]),
+            (202, ["http-batch-1", "http-batch-2"]),
+        ]
+        unwanted_message = sdk_http.to_binary_event(unwanted)
+        status, body, _ = await post(http, url, unwanted_message.body, unwanted_message.headers)
+        assert (status, body) == (202, {"accepted": ["http-unwanted"]})  # never 404
+
+        bad_data = sdk_http.to_binary_event(drift_event("http-bad"))
+        status, body, _ = await post(http, url, b'{"model_id": 7}', bad_data.headers)
+        assert (status, body["code"]) == (400, "data.schema_mismatch")
+        assert "http-bad" in body["reason"] or body["reason"]
+        status, body, _ = await post(
+            http, url, b"{not json", {"Content-Type": "application/cloudevents+json"}
+        )
+        assert (status, body["code"]) == (400, "structured.invalid_json")
+        status, body, _ = await post(http, url, b"hello", {"Content-Type": "text/plain"})
+        assert (status, body["code"]) == (400, "record.not_cloudevent")
+
+        address = non_loopback_address()
+        if address is not None:  # no credential configured: only loopback may send
+            status, body, _ = await post(
+                http, f"http://{address}:{worker.web.port}", binary.body, binary.headers
+            )
+            assert (status, body["code"]) == (403, "forbidden")
+
+        async def decided() -> bool:
+            ids = await audited_event_ids(kafka_bootstrap, topics["audit"])
+            return {"http-binary", "http-structured", "http-batch-1", "http-batch-2"} <= ids
+
+        await until(decided, what="decisions on the audit topic")
+        # Four records were written (the batch is one); none of the refused ones.
+        assert worker.intake.stats.received == 4
+        assert worker.intake.stats.unrouted == 1
+        assert worker.ingress.rejected == {
+            "data.schema_mismatch": 1,
+            "structured.invalid_json": 1,
+            "record.not_cloudevent": 1,
+        }
+
+
+async def test_without_the_token_a_sender_is_refused_and_an_unacknowledged_write_asks_for_a_retry(
+    kafka_bootstrap: str, topics: dict[str, str], rules: Path
+) -> None:
+    token = "s3cret-" + uuid.uuid4().hex
+    # A broker that cannot acknowledge within a microsecond stands for a slow or absent one.
+    async with (
+        running_worker(
+            kafka_bootstrap, topics, rules, ingress_token=token, ingress_ack_timeout=1e-6
+        ) as (worker, _),
+        aiohttp.ClientSession() as http,
+    ):
+        assert worker.web is not None
+        url = worker.web.url
+        message = sdk_http.to_binary_event(drift_event("http-auth"))
+        status, body, headers = await post(http, url, message.body, message.headers)
+        assert (status, body["code"]) == (401, "unauthorized")
+        assert headers["WWW-Authenticate"].startswith("Bearer")
+        wrong = {**message.headers, "Authorization": "Bearer not-the-token"}
+        assert (await post(http, url, message.body, wrong))[0] == 401
+
+        right = {**message.headers, "Authorization": f"Bearer {token}"}
+        status, body, headers = await post(http, url, message.body, right)
+        assert (status, body["code"]) == (503, "unavailable")
+        assert int(headers["Retry-After"]) > 0
