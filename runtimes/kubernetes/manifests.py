@@ -11,7 +11,8 @@ What goes where (Trainer v2.3.0, see docs/kubernetes.md):
 * `metadata.annotations` - the exact values, plus the causing event ids as a JSON list
   (the newest kept, trimmed to `Settings.causing_ids_budget` bytes, the count of the
   dropped ones recorded) and what the completion event needs (base model, dataset, runtime,
-  output URI).
+  output URI, and the producer's trace context as `tuneloop.io/traceparent` and
+  `tuneloop.io/tracestate` when its event carried one).
 * `spec.runtimePatches[manager=tuneloop.io/orchestrator]` - the same labels and annotations
   on the JobSet and on the pods of every replicated job: TrainJob labels are not copied
   to pods by the Trainer.
@@ -61,6 +62,8 @@ MODEL = "tuneloop.io/model"
 DATASET = "tuneloop.io/dataset"
 RUNTIME = "tuneloop.io/runtime"
 OUTPUT_URI = "tuneloop.io/output-uri"
+TRACEPARENT = "tuneloop.io/traceparent"
+TRACESTATE = "tuneloop.io/tracestate"
 
 MAX_NAME_LENGTH = 33
 """Longest job name that keeps every runtime's generated pod names valid (research §1.1)."""
@@ -163,6 +166,11 @@ def annotations_for(
         annotations[MODEL] = request.model_id
     if omitted:
         annotations[CAUSING_EVENT_IDS_OMITTED] = str(omitted)
+    if request.trace is not None:
+        # One trace id from the producer's event to the completion event (docs/events.md).
+        annotations[TRACEPARENT] = request.trace.traceparent
+        if request.trace.tracestate:
+            annotations[TRACESTATE] = request.trace.tracestate
     return annotations
 
 

@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from orchestrator.jobs.model import JobContext, JobResult
+from orchestrator.jobs.model import JobContext, JobResult, TraceContext
 from runtimes.kubernetes import manifests
 
 RESULT_FILE = "result.json"
@@ -132,6 +132,12 @@ def context_of_trainjob(obj: Mapping[str, Any]) -> JobContext | None:
         model_id=annotations.get(manifests.MODEL),
         output_uri=annotations.get(manifests.OUTPUT_URI),
         launched_at=parse_timestamp(created),
+        trace=TraceContext.of(
+            {
+                "traceparent": annotations.get(manifests.TRACEPARENT),
+                "tracestate": annotations.get(manifests.TRACESTATE),
+            }
+        ),
     )
 
 
