@@ -107,7 +107,8 @@ def trainer_status(
     items = [
         {"name": name, "value": _text(value)}
         for name, value in metrics.items()
-        if 0 < len(name) <= MAX_TEXT
+        # NaN and infinities would reach the completion event, whose JSON cannot hold them.
+        if 0 < len(name) <= MAX_TEXT and math.isfinite(value)
     ]
     if items:
         status["metrics"] = items[:MAX_METRICS]

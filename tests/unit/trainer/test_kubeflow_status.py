@@ -232,7 +232,7 @@ def test_a_metric_the_api_would_refuse_is_left_out_rather_than_failing_the_repor
     body = kubeflow_status.trainer_status(
         progress=150,
         remaining_seconds=float("inf"),
-        metrics={"x" * 65: 1.0, "tiny": 1e-300, "big": 2**62},
+        metrics={"x" * 65: 1.0, "tiny": 1e-300, "big": 2**62, "nan": float("nan")},
         now=WALL,
     )
     assert_is_an_update_trainjob_status_request(body)
