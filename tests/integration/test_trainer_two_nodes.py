@@ -3,8 +3,10 @@
 `PET_*` variables the plugin injects (PET_NNODES=2, node ranks 0 and 1, one master address).
 
 They must train ONE model with DDP: one process group of world size 2, one `started` event,
-one adapter and one `result.json` written by rank 0. Started as `python -m runtimes.trainer`
-(the defect this test was written for), each node would train its own copy as rank 0.
+one adapter and one `result.json` written by rank 0, and one set of reports to the status
+server (a named stand-in for Kubeflow's, `tests/unit/trainer/stand_in_status_server.py`).
+Started as `python -m runtimes.trainer` (the defect this test was written for), each node
+would train its own copy as rank 0.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from runtimes.kubernetes import manifests
+from tests.unit.trainer.stand_in_status_server import StandInStatusServer
 
 pytestmark = pytest.mark.training
 
@@ -39,8 +42,16 @@ def _container_command() -> list[str]:
     return [str(Path(sys.executable).parent / program), *rest]
 
 
+@pytest.fixture
+def status_server(tmp_path: Path):
+    (tmp_path / "status-server").mkdir()
+    stand_in = StandInStatusServer().start(tmp_path / "status-server")
+    yield stand_in
+    stand_in.stop()
+
+
 def test_two_nodes_train_one_model_and_only_rank_zero_writes_it(
-    tiny_model_dir: Path, reverse_dataset: Path, tmp_path: Path
+    tiny_model_dir: Path, reverse_dataset: Path, tmp_path: Path, status_server
 ):
     output = tmp_path / "adapters" / "job"  # the directory both nodes share, as on a PVC
     arguments = [
@@ -67,6 +78,8 @@ def test_two_nodes_train_one_model_and_only_rank_zero_writes_it(
             "PET_MASTER_ADDR": "127.0.0.1",
             "PET_MASTER_PORT": port,
             "OMP_NUM_THREADS": "1",
+            # What the trainjobstatus plugin injects into every trainer container.
+            **status_server.environ(),
         }
         nodes.append(
             subprocess.Popen(
@@ -96,3 +109,7 @@ def test_two_nodes_train_one_model_and_only_rank_zero_writes_it(
     assert result["metrics"]["steps"] == STEPS
     assert sorted(p.name for p in output.iterdir()) == ["adapter", "checkpoints", "result.json"]
     assert (output / "adapter" / "adapter_model.safetensors").is_file()
+    # Only rank 0 reported to the (stand-in) status server: one start, one end.
+    progress = [r.body["trainerStatus"].get("progressPercentage") for r in status_server.received]
+    assert progress.count(0) == 1
+    assert progress.count(100) == 1
