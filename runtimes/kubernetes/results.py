@@ -13,8 +13,11 @@ How the trainer reports its result (the decision, documented in docs/kubernetes.
    orchestrator can read the output URI (a `file://` URI or a plain path on a shared volume),
    that file wins.
 3. Where the Trainer's `TrainJobStatus` feature is on, `status.trainerStatus.metrics`
-   (name/value strings, pushed by the trainer while it runs) fill in metrics the file does not
-   have. Tests patch that status the way the controller's status server would.
+   (name/value strings) fill in metrics the file does not have. The trainer pushes them while
+   it runs and, once the adapter is written, a last report with every numeric metric of
+   `result.json` (`runtimes/trainer/kubeflow_status.py`), so without a shared volume the
+   completion event still gets the final metrics. Tests without the Trainer controller patch
+   that status the way its status server would.
 """
 
 from __future__ import annotations
