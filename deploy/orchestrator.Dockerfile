@@ -30,6 +30,7 @@ ENV PATH=/opt/tuneloop/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001
-EXPOSE 9090
+# The web server: probes, /metrics, the dashboard and POST /events (TUNELOOP_WEB_PORT).
+EXPOSE 8080
 ENTRYPOINT ["tuneloop"]
 CMD ["run", "--rules", "/etc/tuneloop/rules"]

@@ -406,6 +406,7 @@ def _web_routes(
             credentials=ingress.Credentials(
                 token=settings.worker.ingress_token,
                 client_certificates=settings.worker.web_tls_client_ca_file is not None,
+                trusted_networks=settings.worker.ingress_trusted_networks,
             ),
             stats=worker.ingress,
             ack_timeout=settings.worker.ingress_ack_timeout,

@@ -21,6 +21,7 @@ environment themselves (`handlers/cli/worker_commands.py`).
 from __future__ import annotations
 
 import enum
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -110,6 +111,11 @@ class WorkerSettings:
     never logged or shown in `repr`. Default none: with no token and no mTLS, only loopback
     may send."""
 
+    ingress_trusted_networks: tuple[str, ...] = ()
+    """Networks (CIDR, comma-separated in the environment) that may `POST /events` without a
+    credential, e.g. the pod network when a NetworkPolicy admits only the namespace of a
+    Knative broker (whose senders attach no static token). Default none."""
+
     web_tls_cert_file: str | None = None
     """PEM certificate the web server presents (HTTPS); needs `web_tls_key_file`. Default
     none: plain HTTP."""
@@ -148,6 +154,13 @@ class WorkerSettings:
             raise ConfigError(
                 "mTLS (TUNELOOP_WEB_TLS_CLIENT_CA_FILE) needs TUNELOOP_WEB_TLS_CERT_FILE"
             )
+        for network in self.ingress_trusted_networks:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"TUNELOOP_INGRESS_TRUSTED_NETWORKS: {network!r} is not a network (CIDR)"
+                ) from None
         for name in ("ingress_ack_timeout", "health_loop_stall", "health_progress_stall"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"TUNELOOP_{name.upper()} must be positive")
@@ -426,6 +439,11 @@ def _worker_from_env(env: _EnvReader) -> WorkerSettings:
         web_port=_or(env.integer("web_port"), env.integer("metrics_port")),
         web_bind=env.raw("web_bind") or defaults.web_bind,
         ingress_token=env.raw("ingress_token"),
+        ingress_trusted_networks=tuple(
+            part.strip()
+            for part in (env.raw("ingress_trusted_networks") or "").split(",")
+            if part.strip()
+        ),
         web_tls_cert_file=env.raw("web_tls_cert_file"),
         web_tls_key_file=env.raw("web_tls_key_file"),
         web_tls_client_ca_file=env.raw("web_tls_client_ca_file"),

@@ -17,7 +17,8 @@ The answers follow the Knative sink contract (a sender retries 404, 408, 409, 42
   `ingress_ack_timeout` or the producer is not running. The record may still arrive after a
   timeout; the sender's retry is then a duplicate by (`source`, `id`), which the intake skips.
 - **401** without the configured credential (a bearer token, or a client certificate under
-  mTLS); **403** from a non-loopback address when neither is configured.
+  mTLS); **403** from a non-loopback address when neither is configured. Addresses in
+  `ingress_trusted_networks` need no credential (a Knative broker attaches no static token).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from urllib.parse import unquote
 
@@ -50,22 +51,33 @@ HTTP_HEADER_PREFIX = "ce-"
 
 
 class Credentials:
-    """Who may send: a bearer token, a client certificate (mTLS), or else loopback only."""
+    """Who may send: a bearer token, a client certificate (mTLS), an address in a trusted
+    network; with no token and no mTLS, also loopback (and only loopback without networks)."""
 
-    def __init__(self, *, token: str | None, client_certificates: bool) -> None:
+    def __init__(
+        self,
+        *,
+        token: str | None,
+        client_certificates: bool,
+        trusted_networks: Sequence[str] = (),
+    ) -> None:
         self._token = token.encode("utf-8") if token else None
         self._client_certificates = client_certificates
+        self._networks = tuple(ipaddress.ip_network(n, strict=False) for n in trusted_networks)
 
     def refusal(self, request: web.Request) -> web.Response | None:
         """None when *request* may send; otherwise the answer that refuses it."""
+        address = _address(request.remote)
+        if address is not None and any(address in network for network in self._networks):
+            return None
         if self._token is None and not self._client_certificates:
-            if _is_loopback(request.remote):
+            if address is not None and address.is_loopback:
                 return None
             return _problem(
                 403,
                 "forbidden",
-                "no ingress credential is configured (TUNELOOP_INGRESS_TOKEN or mTLS), so "
-                "only loopback may send",
+                "no ingress credential is configured (TUNELOOP_INGRESS_TOKEN, mTLS or "
+                "TUNELOOP_INGRESS_TRUSTED_NETWORKS), so only loopback may send",
             )
         if self._token is not None:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
@@ -168,10 +180,13 @@ def _problem(status: int, code: str, reason: str) -> web.Response:
     )
 
 
-def _is_loopback(remote: str | None) -> bool:
+def _address(remote: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not remote:
-        return False
+        return None
     try:
-        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+        address = ipaddress.ip_address(remote.split("%", 1)[0])
     except ValueError:  # a Unix socket peer has no address; not a sender we serve
-        return False
+        return None
+    # An IPv4 sender on a dual-stack socket shows as ::ffff:a.b.c.d.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address

@@ -114,6 +114,7 @@ def test_every_worker_variable_is_read() -> None:
             "TUNELOOP_INGRESS_ACK_TIMEOUT": "2.5",
             "TUNELOOP_HEALTH_LOOP_STALL": "4",
             "TUNELOOP_HEALTH_PROGRESS_STALL": "60",
+            "TUNELOOP_INGRESS_TRUSTED_NETWORKS": "10.244.0.0/16, fd00::/8",
         }
     ).worker
     assert worker.rules == (Path("rules/a.yaml"), Path("rules/more"))
@@ -124,6 +125,7 @@ def test_every_worker_variable_is_read() -> None:
     assert (worker.web_port, worker.web_bind) == (9464, "0.0.0.0")
     assert worker.ingress_ack_timeout == 2.5
     assert (worker.health_loop_stall, worker.health_progress_stall) == (4.0, 60.0)
+    assert worker.ingress_trusted_networks == ("10.244.0.0/16", "fd00::/8")
 
 
 def test_kubernetes_settings_come_from_tuneloop_kubernetes_variables() -> None:
@@ -183,6 +185,7 @@ def test_unset_kubernetes_variables_give_the_backends_own_defaults() -> None:
         ({"TUNELOOP_WEB_TLS_CERT_FILE": "/tls/cert.pem"}, "TUNELOOP_WEB_TLS_KEY_FILE"),
         ({"TUNELOOP_WEB_TLS_CLIENT_CA_FILE": "/tls/ca.pem"}, "TUNELOOP_WEB_TLS_CERT_FILE"),
         ({"TUNELOOP_INGRESS_ACK_TIMEOUT": "0"}, "TUNELOOP_INGRESS_ACK_TIMEOUT"),
+        ({"TUNELOOP_INGRESS_TRUSTED_NETWORKS": "10.0.0.0/8,pods"}, "not a network"),
     ],
     ids=[
         "timeout-not-a-number",
@@ -194,6 +197,7 @@ def test_unset_kubernetes_variables_give_the_backends_own_defaults() -> None:
         "tls-without-key",
         "mtls-without-cert",
         "ack-timeout",
+        "trusted-network",
     ],
 )
 def test_bad_worker_and_kubernetes_settings_refuse_to_start(env: dict, named: str) -> None:

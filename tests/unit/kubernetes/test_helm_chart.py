@@ -38,6 +38,7 @@ MODELS = {
     "ClusterRole": "V1ClusterRole",
     "ClusterRoleBinding": "V1ClusterRoleBinding",
     "ConfigMap": "V1ConfigMap",
+    "Service": "V1Service",
 }
 SASL = (
     "--set",
@@ -99,6 +100,7 @@ def test_default_render_has_every_object_the_orchestrator_needs():
         "Deployment/rel-tuneloop",
         "Role/rel-tuneloop",
         "RoleBinding/rel-tuneloop",
+        "Service/rel-tuneloop",
         "ServiceAccount/rel-tuneloop",
     ]
 
@@ -157,11 +159,50 @@ def test_pods_are_annotated_for_prometheus_and_locked_down():
     pod = render()["Deployment/rel-tuneloop"]["spec"]["template"]
     annotations = pod["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/port"] == "9090"
+    assert annotations["prometheus.io/port"] == "8080"
+    assert annotations["prometheus.io/path"] == "/metrics"
     (container,) = pod["spec"]["containers"]
-    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_probes_ask_the_web_server_for_health_and_readiness_not_metrics():
+    objects = render()
+    (container,) = objects["Deployment/rel-tuneloop"]["spec"]["template"]["spec"]["containers"]
+    probes = {
+        kind: (container[kind]["httpGet"]["path"], container[kind]["httpGet"]["port"])
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert probes == {
+        "startupProbe": ("/healthz", "http"),
+        "livenessProbe": ("/healthz", "http"),
+        "readinessProbe": ("/readyz", "http"),
+    }
+    env = _env(objects["Deployment/rel-tuneloop"])
+    assert env["TUNELOOP_WEB_PORT"]["value"] == "8080"
+    assert env["TUNELOOP_WEB_BIND"]["value"] == "0.0.0.0"
+    service = objects["Service/rel-tuneloop"]["spec"]
+    assert service["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_the_ingress_token_is_a_secret_reference_and_trusted_networks_a_list():
+    objects = render(
+        "--set",
+        "ingress.tokenSecret=ingress-token",
+        "--set",
+        "ingress.trustedNetworks={10.244.0.0/16,fd00::/8}",
+    )
+    env = _env(objects["Deployment/rel-tuneloop"])
+    assert "value" not in env["TUNELOOP_INGRESS_TOKEN"]
+    assert env["TUNELOOP_INGRESS_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "ingress-token",
+        "key": "token",
+    }
+    assert env["TUNELOOP_INGRESS_TRUSTED_NETWORKS"]["value"] == "10.244.0.0/16,fd00::/8"
+    assert "TUNELOOP_INGRESS_TOKEN" not in _env(render()["Deployment/rel-tuneloop"])
 
 
 def test_rule_files_become_the_mounted_configmap():
