@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -835,7 +835,7 @@ def shipped_runtime_files() -> tuple[Path, ...]:
 
 
 @contextlib.contextmanager
-def local_control_plane(workdir: Path) -> Any:
+def local_control_plane(workdir: Path) -> Iterator[LocalControlPlane]:
     """Yield a started `LocalControlPlane`; stop it on exit.
 
     Raises:
