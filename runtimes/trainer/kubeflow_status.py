@@ -57,6 +57,8 @@ TIMEOUT = 5.0
 MAX_TEXT = 64
 """Longest metric name or value the API accepts (`Metric`, kubebuilder MaxLength=64)."""
 MAX_METRICS = 256
+MAX_INT32 = 2**31 - 1
+"""progressPercentage and estimatedRemainingSeconds are int32 in the API."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +105,14 @@ def trainer_status(
     if progress is not None:
         status["progressPercentage"] = max(0, min(100, int(progress)))
     if remaining_seconds is not None and math.isfinite(remaining_seconds):
-        status["estimatedRemainingSeconds"] = max(0, round(remaining_seconds))
+        status["estimatedRemainingSeconds"] = max(0, min(MAX_INT32, round(remaining_seconds)))
     items = [
-        {"name": name, "value": _text(value)}
+        {"name": name, "value": text}
         for name, value in metrics.items()
         # NaN and infinities would reach the completion event, whose JSON cannot hold them.
-        if 0 < len(name) <= MAX_TEXT and math.isfinite(value)
+        if math.isfinite(value)
+        for text in (_text(value),)
+        if 0 < len(name) <= MAX_TEXT and len(text) <= MAX_TEXT
     ]
     if items:
         status["metrics"] = items[:MAX_METRICS]
@@ -206,7 +210,9 @@ class KubeflowStatusReporter:
         )
         try:
             self._server.post(body)
-        except (OSError, ValueError) as exc:  # URLError, HTTPError, ssl.SSLError, bad URL
+        # Whatever goes wrong (URLError, HTTPError, ssl errors, a broken response, a bad URL),
+        # a report must never fail training.
+        except Exception as exc:
             self._failures += 1
             wait = min(MAX_BACKOFF, self._interval * 2**self._failures)
             self._next_report = now + wait

@@ -231,11 +231,17 @@ def test_only_rank_zero_of_a_trainjob_with_a_status_server_reports(server):
 def test_a_metric_the_api_would_refuse_is_left_out_rather_than_failing_the_report():
     body = kubeflow_status.trainer_status(
         progress=150,
-        remaining_seconds=float("inf"),
-        metrics={"x" * 65: 1.0, "tiny": 1e-300, "big": 2**62, "nan": float("nan")},
+        remaining_seconds=1e12,
+        metrics={
+            "x" * 65: 1.0,
+            "tiny": 1e-300,
+            "big": 2**62,
+            "nan": float("nan"),
+            "huge": 10**70,
+        },
         now=WALL,
     )
     assert_is_an_update_trainjob_status_request(body)
     assert body["trainerStatus"]["progressPercentage"] == 100
-    assert "estimatedRemainingSeconds" not in body["trainerStatus"]
+    assert body["trainerStatus"]["estimatedRemainingSeconds"] == 2**31 - 1
     assert [m["name"] for m in body["trainerStatus"]["metrics"]] == ["tiny", "big"]
