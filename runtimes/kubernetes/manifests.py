@@ -20,9 +20,9 @@ What goes where (Trainer v2.3.0, see docs/kubernetes.md):
   nodes only through `PET_*` variables that torchrun reads, and rewrites the command only
   for torchtune's `tune run`. Started any other way, `numNodes: 2` trains two unrelated
   rank-0 copies into one directory.
-* `spec.trainer.numProcPerNode` - one process per GPU, else one per node: left unset, the
-  plugin starts one process per requested CPU, and CPU processes that each use every core
-  only slow each other down.
+* `spec.trainer.numProcPerNode` - one process per GPU (the request's, else the runtime's),
+  else one per node: left unset, the plugin starts one process per requested CPU, and CPU
+  processes that each use every core only slow each other down.
 * `spec.trainer.args` / `env` - the training config as `TrainerConfig.to_args()` argv items,
   never a shell string; no `PET_*` variables (reserved by the torch plugin).
 * `spec.initializer` - only when the runtime has the initializer and the URI has a scheme
@@ -280,7 +280,7 @@ def build_trainjob(
         "args": args,
         "env": env,
         "numNodes": request.resources.nodes,
-        "numProcPerNode": request.resources.gpus_per_node or 1,
+        "numProcPerNode": request.resources.gpus_per_node or runtime.gpus_per_node or 1,
     }
     resources = _resources(request)
     if resources:

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.jobs.model import Resources
 from runtimes.kubernetes import manifests
+from runtimes.kubernetes.catalog import RuntimeInfo
 from tests.unit.kubernetes.golden_cases import BASIC, TORCH
 
 
@@ -47,3 +48,16 @@ def test_each_node_runs_one_process_per_gpu_or_one_on_cpu(resources, processes):
     trainer = _trainer(replace(BASIC, resources=resources))
     assert trainer["numProcPerNode"] == processes
     assert trainer["numNodes"] == resources.nodes
+
+
+def test_a_gpu_runtime_runs_one_process_per_gpu_of_its_template_unless_the_job_says():
+    gpu_runtime = RuntimeInfo(name="lora-gpu", gpus_per_node=2)
+
+    def processes(request):
+        built = manifests.build_trainjob(
+            request, namespace="ml", runtime=gpu_runtime, settings=manifests.Settings()
+        )
+        return built["spec"]["trainer"]["numProcPerNode"]
+
+    assert processes(BASIC) == 2
+    assert processes(replace(BASIC, resources=Resources(gpus_per_node=1))) == 1
