@@ -27,6 +27,7 @@ What runs inside one worker (one faust app, one consumer group):
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from handlers.intake import (
     seen_events,
 )
 from handlers.rules_reloading import RulesReloader
+from handlers.tracing import NO_TRACING, Tracing, tracing_from_environment
 from handlers.web import health, ingress, metrics
 from handlers.web.health import HealthWatch
 from handlers.web.metrics import IngressStats, WorkerCounts
@@ -223,6 +225,7 @@ def build_worker(
     registry: SchemaRegistry | None = None,
     tick_interval: float = 1.0,
     reload_interval: float = 2.0,
+    tracing: Tracing | None = None,
     **faust_options: Any,
 ) -> Worker:
     """Wire a worker, in construction order (see the module docstring).
@@ -235,6 +238,8 @@ def build_worker(
         registry: schemas of known event types; the built-in vocabulary when omitted.
         tick_interval: seconds between looks for due timers.
         reload_interval: seconds between looks for changed rule files.
+        tracing: where decision spans go; from OpenTelemetry's standard variables when
+            omitted (`handlers/tracing.py`: a no-op unless an OTLP endpoint is set).
         **faust_options: passed to `faust.App` (e.g. `broker_commit_interval` in tests).
 
     Raises:
@@ -277,14 +282,20 @@ def build_worker(
             task.add_done_callback(worker_tasks.discard)
         return tuple(dict.fromkeys(route.key for route in engine.route(current, event)))
 
+    spans = tracing if tracing is not None else tracing_from_environment(os.environ)
+
     async def sink(key: str, event: CloudEvent, info: RecordInfo) -> None:
-        records = await orchestrator.handle(
-            key,
-            event,
-            arrived_at=info.timestamp,
-            sequence=info.sequence,
-            position=info.position,
-        )
+        # A span per producer's event; internal signals (ticks, observations) would be noise.
+        traced = NO_TRACING if signals.is_internal(event.type) else spans
+        with traced.decision(event, key=key) as span:
+            records = await orchestrator.handle(
+                key,
+                event,
+                arrived_at=info.timestamp,
+                sequence=info.sequence,
+                position=info.position,
+            )
+            span.decided(records)
         created = clock.now()
         for record in records:
             counts.decisions[(record.rule, record.outcome.value)] += 1
