@@ -126,8 +126,12 @@ async def test_two_alarms_train_a_real_adapter_and_announce_it_once_with_its_cau
     assert crash is None, crash
     out = await read_topic(kafka_bootstrap, topics["out"])
     audit = await read_topic(kafka_bootstrap, topics["audit"])
-    outcomes = [e.data["outcome"] for e in audit if e.type == DECISION_EVENT_TYPE]
+    decisions = [e.data for e in audit if e.type == DECISION_EVENT_TYPE]
+    outcomes = [d["outcome"] for d in decisions if d["outcome"] != "ignore"]
     assert outcomes == ["accumulate", "launch", "accumulate", "suppress"], outcomes
+    # The alarm below threshold was not counted, and its why-not record says so.
+    ignored = [(d["event_ids"], d["reason"]) for d in decisions if d["outcome"] == "ignore"]
+    assert ignored == [(["local-drift-2"], "where-false")], ignored
     assert [e.type for e in out].count(STARTED) == 1
     assert [e.type for e in out].count(FAILED) == 0, [e.data for e in out if e.type == FAILED]
     (completed,) = [e for e in out if e.type == COMPLETED]
