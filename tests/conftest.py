@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.kubernetes",
     "tests.fixtures.models",
+    "tests.fixtures.object_storage",
 ]
