@@ -196,6 +196,26 @@ def test_credentials_the_server_refuses_are_named_as_such(
         open_dataset(f"{s3_prefix}/data", wrong)
 
 
+def test_publishing_with_refused_credentials_is_refused_before_any_upload(
+    s3_prefix: str, storage_settings: StorageSettings, tmp_path: Path
+) -> None:
+    wrong = StorageSettings(
+        endpoint_url=storage_settings.endpoint_url,
+        region=storage_settings.region,
+        access_key_id="not-a-key",
+        secret_access_key="not-the-secret",
+        max_attempts=1,
+    )
+    uploaded: list[str] = []
+
+    with pytest.raises(CredentialsRefusedError):
+        publish_adapter(
+            adapter_folder(tmp_path), s3_prefix, "job-0", wrong, on_uploaded=uploaded.append
+        )
+
+    assert uploaded == []
+
+
 # --- models -------------------------------------------------------------------------------------
 
 
@@ -218,6 +238,22 @@ def test_a_model_is_fetched_from_a_prefix_with_its_relative_paths(
     assert (got / "config.json").read_bytes() == b'{"model_type": "llama"}'
     assert (got / "model.safetensors").stat().st_size == 1000
     assert (got / "tokenizer" / "vocab.json").read_bytes() == b"{}"
+
+
+def test_a_model_fetched_again_into_the_same_directory_is_not_downloaded_again(
+    s3_prefix: str, storage_settings: StorageSettings, tmp_path: Path
+) -> None:
+    location = parse_location(s3_prefix).child("model", "config.json")
+    fs = filesystem_for(location, storage_settings)
+    with fs.open(location.path, "wb") as handle:
+        handle.write(b"{}")
+    first = fetch_model(f"{s3_prefix}/model", storage_settings, into=tmp_path / "model")
+    fs.rm_file(location.path)  # a second download would now find nothing
+
+    again = fetch_model(f"{s3_prefix}/model", storage_settings, into=tmp_path / "model")
+
+    assert again == first
+    assert (again / "config.json").read_bytes() == b"{}"
 
 
 def test_a_local_model_directory_is_used_where_it_is(tmp_path: Path) -> None:
