@@ -11,7 +11,7 @@ import pytest
 from orchestrator.jobs.model import TraceContext
 from orchestrator.ledger import DecisionRecord, Outcome, Reason
 from orchestrator.rules import engine, why_not
-from tests.unit.rules.builders import DRIFT, LAUNCH, at, drift, rules_from
+from tests.unit.rules.builders import DATA, DRIFT, LAUNCH, arrived, at, drift, rules_from
 
 RULES = rules_from(
     f"""
@@ -109,3 +109,34 @@ def test_the_same_records_in_the_same_order_are_limited_the_same_way(per_minute)
     again = why_not.limit(why_not.WhyNotLimit(per_minute=per_minute), records)
     assert once == again
     assert len(once[1]) == 3 * per_minute  # seconds 0..161: three minutes of event time
+
+
+JOINED = rules_from(
+    f"""
+    rules:
+      - name: drift-and-data
+        on: {{type: {DRIFT}, sources: ["/monitors/*", "/canary/*"]}}
+        key: event.data.model_id
+        join:
+          - {{type: {DATA}, key: event.data.model_id, within: 1h, source: "/ingest"}}
+        {LAUNCH.strip().replace(chr(10), chr(10) + "        ")}
+    """
+)
+
+
+def test_an_event_a_join_takes_leaves_no_why_not_record():
+    assert engine.route(JOINED, arrived(1, 0))  # from /ingest: the join takes it
+    assert engine.why_not(JOINED, arrived(1, 0), now=at(1)) == ()
+
+
+def test_a_join_that_refuses_the_source_says_so_with_its_own_glob():
+    (record,) = engine.why_not(JOINED, replace(arrived(1, 0), source="/x"), now=at(1))
+    assert (record.outcome, record.reason) == (Outcome.IGNORE, Reason.SOURCE_MISMATCH)
+    assert record.message == "source '/x' matches none of the rule's sources ('/ingest')"
+
+
+def test_a_source_mismatch_names_every_glob_of_the_way_in():
+    (record,) = engine.why_not(JOINED, replace(drift(1, 0), source="/x"), now=at(1))
+    assert record.message == (
+        "source '/x' matches none of the rule's sources ('/monitors/*', '/canary/*')"
+    )
