@@ -14,7 +14,9 @@ Where an API comes from (`connect()`), first match wins:
 1. `TUNELOOP_KUBECONFIG`: a real cluster that already has Kubeflow Trainer installed;
 2. K3s in Docker through testcontainers, only when a Docker engine answers (the CRDs and the
    `torch-distributed` runtime are applied to it);
-3. the local etcd + apiextensions-apiserver pair of this module.
+3. with `TUNELOOP_LOCAL_KUBERNETES=control-plane`, the local control plane with the real
+   controllers and the node agent (`devservices/control_plane.py`);
+4. else the local etcd + apiextensions-apiserver pair of this module.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
 from orchestrator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from devservices.control_plane import LocalControlPlane
 
 APISERVER_MODULE = "k8s.io/apiextensions-apiserver"
 APISERVER_VERSION = "v0.37.2"
@@ -75,6 +80,11 @@ _CRD_FILES = (
 )
 _RUNTIME_FILE = "torch_distributed.yaml"
 _HEARTBEAT_SECONDS = 30.0
+
+LOCAL_KUBERNETES_VARIABLE = "TUNELOOP_LOCAL_KUBERNETES"
+"""Which local API `connect()` starts: `apiserver` (the default for now: etcd and
+apiextensions-apiserver, CRDs only, no controllers) or `control-plane` (the real controllers
+and the node agent, `devservices/control_plane.py`)."""
 _STOP_GRACE_SECONDS = 10.0
 
 
@@ -1063,8 +1073,8 @@ class KubeEndpoint:
     kubeconfig: Path
     source: str
     """`TUNELOOP_KUBECONFIG`, `k3s` or `local`."""
-    server: LocalKubeAPI | None = None
-    """The local pair when we started it (tests can stop/start it), else None."""
+    server: LocalKubeAPI | LocalControlPlane | None = None
+    """The local server when we started it (tests can stop/start it), else None."""
 
     def api_client(self) -> Any:
         """A fresh `kubernetes.client.ApiClient` for this API (close it when done)."""
@@ -1132,6 +1142,12 @@ def connect(workdir: Path) -> Iterator[KubeEndpoint]:
     if docker_answers():
         with _k3s(workdir) as endpoint:
             yield endpoint
+        return
+    if os.environ.get(LOCAL_KUBERNETES_VARIABLE, "apiserver") == "control-plane":
+        from devservices.control_plane import local_control_plane
+
+        with local_control_plane(workdir) as plane:
+            yield KubeEndpoint(kubeconfig=plane.kubeconfig, source="control-plane", server=plane)
         return
     paths = installed_paths()
     if paths is None:

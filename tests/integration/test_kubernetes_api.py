@@ -73,6 +73,14 @@ def rejection(call: Any) -> tuple[int, str]:
     return caught.value.status, status["message"]
 
 
+WEBHOOK_DECODE_ERROR = (
+    'admission webhook "defaulter.trainjob.trainer.kubeflow.org" denied the request: '
+    "json: cannot unmarshal string into Go struct field Trainer.spec.trainer.numNodes of type int32"
+)
+"""On a server with the Trainer's webhooks the mutating webhook sees a wrongly typed field
+first (admission runs before schema validation) and answers 400, as a real cluster does."""
+
+
 @pytest.mark.parametrize(
     ("changes", "expected_message"),
     [
@@ -90,12 +98,15 @@ def rejection(call: Any) -> tuple[int, str]:
     ids=["wrong-type", "foreign-manager", "storage-uri-without-scheme", "runtime-without-name"],
 )
 def test_trainjob_with_a_wrong_field_is_rejected_with_the_crd_message(
-    objects, k8s_namespace, changes, expected_message
+    objects, kube_api, k8s_namespace, changes, expected_message
 ):
     status, message = rejection(lambda: create(objects, k8s_namespace, trainjob("bad", **changes)))
 
-    assert status == 422
-    assert expected_message in message
+    if kube_api.source == "control-plane" and "trainer__numNodes" in changes:
+        assert (status, message) == (400, WEBHOOK_DECODE_ERROR)
+    else:
+        assert status == 422
+        assert expected_message in message
 
 
 def test_trainjob_with_an_unknown_field_is_rejected_under_strict_validation(objects, k8s_namespace):
@@ -194,7 +205,9 @@ def test_status_written_through_the_main_resource_is_ignored(objects, k8s_namesp
         TRAINER_GROUP, TRAINER_API_VERSION, k8s_namespace, "trainjobs", "status-ignored", sneaky
     )
 
-    assert not replaced.get("status", {}).get("conditions")
+    # A Trainer controller may have written conditions of its own meanwhile; ours is not there.
+    conditions = replaced.get("status", {}).get("conditions") or []
+    assert complete_condition()["type"] not in [c["type"] for c in conditions]
 
 
 def test_created_trainjob_gets_the_crd_defaults(objects, k8s_namespace):
