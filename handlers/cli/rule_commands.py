@@ -20,6 +20,7 @@ import typer
 import yaml
 
 from handlers.codec import KafkaRecord, decode_record
+from handlers.dead_letters import DeadLetterReason, original_headers, read_reason
 from orchestrator import event_json
 from orchestrator.errors import ConfigError, InvalidEventError
 from orchestrator.events import CloudEvent
@@ -245,12 +246,17 @@ def explain(
         str | None, typer.Option("--bootstrap", help="Kafka to read the audit topic from.")
     ] = None,
     topic: Annotated[str, typer.Option("--topic", help="The audit topic.")] = "tuneloop.audit",
+    dead_letters: Annotated[
+        str,
+        typer.Option("--dead-letters", help="With --bootstrap and --event: the dead-letter topic."),
+    ] = "tuneloop.dead-letters",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The story of one rule and key, or of one event: what fired, what counted, or why not.
 
     With `--event` alone it answers for any event: every rule that named the event's type and
-    what it decided (launched, counted, held back, ignored and why, failed).
+    what it decided (launched, counted, held back, ignored and why, failed), and with
+    `--bootstrap` whether the intake dead-lettered it.
     """
     if rule is None and event is None:
         raise typer.BadParameter("give --rule (and --key), or --event, or both")
@@ -275,7 +281,8 @@ def explain(
         return
     if rule is None:
         assert event is not None  # checked above: one of the two is given
-        _explain_event(event, story, key=key)
+        letters = _dead_letters_of(bootstrap, dead_letters, event) if bootstrap is not None else []
+        _explain_event(event, story, key=key, dead_lettered=letters)
         return
     subject = (
         f"rule {rule!r}"
@@ -331,8 +338,22 @@ _SAYS = {
 """What each outcome means, said of one event."""
 
 
-def _explain_event(event: str, story: Sequence[DecisionRecord], *, key: str | None) -> None:
-    """Every rule's decisions about *event*, one rule after another in order of first record."""
+def _explain_event(
+    event: str,
+    story: Sequence[DecisionRecord],
+    *,
+    key: str | None,
+    dead_lettered: Sequence[DeadLetterReason] = (),
+) -> None:
+    """Every rule's decisions about *event*, one rule after another in order of first record;
+    first, if the intake dead-lettered a record with this id, why."""
+    for letter in dead_lettered:
+        typer.echo(
+            f"Event {event!r} was dead-lettered by the intake: {letter.code}: {letter.message}"
+            f" (from {letter.topic}@{letter.partition}:{letter.offset})"
+        )
+    if dead_lettered and not story:
+        return
     if not story:
         typer.echo(f"no decisions about event {event!r}.")
         typer.echo(
@@ -352,6 +373,45 @@ def _explain_event(event: str, story: Sequence[DecisionRecord], *, key: str | No
         typer.echo(f"  rule {name!r}{where}: {_SAYS[final.outcome]}{reason}")
         for record in decided:
             typer.echo(f"    {_line(record)}")
+
+
+def _dead_letters_of(bootstrap: str, topic: str, event_id: str) -> list[DeadLetterReason]:
+    """Why the intake dead-lettered records whose CloudEvents id is *event_id*: the id read
+    from the `ce_id` header (binary mode) or the JSON envelope (structured mode), since a
+    dead-lettered record need not decode as a whole."""
+    from kafka import KafkaConsumer  # imported here: only this option needs a broker client
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=AUDIT_READ_IDLE_MS,
+    )
+    found = []
+    try:
+        for message in consumer:
+            headers = tuple(message.headers or ())
+            if _record_event_id(original_headers(headers), message.value) == event_id:
+                try:
+                    found.append(read_reason(headers))
+                except (KeyError, ValueError):  # not a record our intake wrote
+                    continue
+    finally:
+        consumer.close()
+    return found
+
+
+def _record_event_id(headers: Sequence[tuple[str, bytes]], value: bytes | None) -> str | None:
+    for name, raw in headers:
+        if name == "ce_id":
+            return raw.decode("utf-8", errors="replace")
+    try:
+        envelope = json.loads(value or b"")
+    except ValueError:
+        return None
+    found = envelope.get("id") if isinstance(envelope, dict) else None
+    return found if isinstance(found, str) else None
 
 
 # --- rule tests as data -------------------------------------------------------------------

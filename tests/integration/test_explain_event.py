@@ -65,6 +65,14 @@ _SMALL = drift(1, value=0.5)
 STRANGER = replace(_SMALL, id="stranger", source="/elsewhere", data={**_SMALL.data, "region": "eu"})
 # From a monitor, a big drift, no region: `by-region` cannot key it; the others count it.
 NO_REGION = replace(drift(2, value=0.95), id="no-region", extensions={"traceparent": TRACEPARENT})
+# Data without the `value` its type's schema requires: the intake dead-letters it with
+# `data.schema_mismatch` (docs/dead-letters.md), and no rule ever sees it.
+_NO_VALUE = drift(3)
+SCHEMALESS = replace(
+    _NO_VALUE,
+    id="schemaless",
+    data={k: v for k, v in _NO_VALUE.data.items() if k != "value"},
+)
 
 runner = CliRunner()
 
@@ -74,9 +82,20 @@ def topics(new_topic: Any) -> dict[str, str]:
     return {name: new_topic(name) for name in ("in", "out", "audit", "dlq")}
 
 
-def explain(bootstrap: str, topic: str, *args: str) -> Any:
+def explain(topics: dict[str, str], bootstrap: str, *args: str) -> Any:
     return runner.invoke(
-        app, ["explain", "--bootstrap", bootstrap, "--topic", topic, *args], catch_exceptions=False
+        app,
+        [
+            "explain",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topics["audit"],
+            "--dead-letters",
+            topics["dlq"],
+            *args,
+        ],
+        catch_exceptions=False,
     )
 
 
@@ -90,7 +109,7 @@ async def test_explain_event_answers_for_every_rule_that_named_the_events_type(
     decisions: list[Any] = []
 
     async with faust_app_running(worker.app, stop_timeout=30):
-        await send(kafka_bootstrap, topics["in"], [STRANGER, NO_REGION])
+        await send(kafka_bootstrap, topics["in"], [STRANGER, NO_REGION, SCHEMALESS])
         # Three rules, two events: six records (three each, one per rule).
         for _ in range(120):
             audit = await read_events(kafka_bootstrap, topics["audit"], settle=0.5)
@@ -99,7 +118,7 @@ async def test_explain_event_answers_for_every_rule_that_named_the_events_type(
                 break
     assert len(decisions) == 6, [e.data for e in decisions]
 
-    stranger = explain(kafka_bootstrap, topics["audit"], "--event", "stranger")
+    stranger = explain(topics, kafka_bootstrap, "--event", "stranger")
     assert stranger.exit_code == 0, stranger.output
     lines = stranger.stdout.splitlines()
     assert lines[0] == "Event 'stranger':"
@@ -114,7 +133,7 @@ async def test_explain_event_answers_for_every_rule_that_named_the_events_type(
     )
     assert "`where` is false: `event.data.value > 0.9`" in stranger.stdout
 
-    no_region = explain(kafka_bootstrap, topics["audit"], "--event", "no-region", "--json")
+    no_region = explain(topics, kafka_bootstrap, "--event", "no-region", "--json")
     assert no_region.exit_code == 0, no_region.output
     records = [json.loads(line) for line in no_region.stdout.splitlines()]
     assert sorted((r["rule"], r["key"], r["outcome"], r["reason"]) for r in records) == [
@@ -125,6 +144,13 @@ async def test_explain_event_answers_for_every_rule_that_named_the_events_type(
     # The producer's trace id is on every decision about its event.
     assert {r["traceparent"] for r in records} == {TRACEPARENT}
 
-    unknown = explain(kafka_bootstrap, topics["audit"], "--event", "never-sent")
+    schemaless = explain(topics, kafka_bootstrap, "--event", "schemaless")
+    assert schemaless.exit_code == 0, schemaless.output
+    assert schemaless.stdout.startswith(
+        "Event 'schemaless' was dead-lettered by the intake: data.schema_mismatch: "
+    )
+    assert f"(from {topics['in']}@0:2)" in schemaless.stdout  # the third record sent
+
+    unknown = explain(topics, kafka_bootstrap, "--event", "never-sent")
     assert unknown.exit_code == 1
     assert "no decisions about event 'never-sent'" in unknown.stdout
