@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export TUNELOOP_CACHE ?= $(HOME)/.cache/tuneloop
 
-.PHONY: help venv services models test test-fast check lint format demo bench soak clean
+.PHONY: help venv services models browser test test-fast check lint format demo bench soak clean
 
 help:
 	@echo "make demo    run the whole loop on this machine (Kafka, rules, a LoRA fine-tune, the completion event)"
@@ -24,9 +24,17 @@ services: venv
 models: venv
 	$(PY) -m runtimes.models prepare
 
+# The dashboard's browser tests (tests/browser/, marker `browser`) drive Debian's chromium
+# through its chromium-driver; installed only when missing (CI runs as root; elsewhere sudo).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 && [ -x /usr/bin/chromedriver ] || { \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; }
+
 # CI runs `make test` (.ci/run): the static checks gate it, so a lint, type or layer error
 # fails the run before the suite starts.
-test: venv services models check
+test: venv services models browser check
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: venv
