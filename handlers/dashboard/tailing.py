@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
 from handlers.codec import KafkaRecord, decode_record
 from handlers.dashboard.board import Board, DeadLetterRow
@@ -32,7 +32,7 @@ log = structlog.get_logger("tuneloop.dashboard")
 
 MAX_EVENT_BYTES = 10_000_000
 """What the feed decodes at most: larger records are skipped (the intake refuses them)."""
-TOPICS_RETRY_SECONDS = 2.0
+TOPICS_RETRY_SECONDS = 0.5
 """How often the feed looks again for topics that do not exist yet."""
 
 
@@ -62,22 +62,20 @@ async def tail_topics(kafka: KafkaSettings, board: Board, *, history: int) -> No
 async def _assign_recent(
     consumer: AIOKafkaConsumer, topics: tuple[str, ...], *, history: int
 ) -> None:
-    """Assign every partition of *topics* (waiting until they exist), *history* back."""
-    while True:
-        await consumer.topics()  # refreshes the metadata
-        partitions = [
-            TopicPartition(topic, number)
-            for topic in dict.fromkeys(topics)
-            for number in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
-        if {p.topic for p in partitions} == set(topics):
-            break
+    """Subscribe to every partition of *topics* (waiting until they exist), *history* back.
+
+    Without a group, aiokafka assigns every partition of a subscribed topic to this consumer
+    (and a partition added later, read from its start)."""
+    wanted = set(topics)
+    consumer.subscribe(topics=sorted(wanted))
+    while {partition.topic for partition in consumer.assignment()} != wanted:
         await asyncio.sleep(TOPICS_RETRY_SECONDS)
-    consumer.assign(partitions)
+    partitions = sorted(consumer.assignment())
     ends = await consumer.end_offsets(partitions)
     starts = await consumer.beginning_offsets(partitions)
     for partition in partitions:
         consumer.seek(partition, max(starts[partition], ends[partition] - history))
+    log.info("dashboard_feed_started", topics=sorted(wanted))
 
 
 def _events(record: ConsumerRecord[Any, Any]) -> Any:
