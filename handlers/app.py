@@ -268,6 +268,7 @@ def build_worker(
         clock=clock,
         audit_topic=kafka.topic_audit,
         output_topic=kafka.topic_out,
+        why_not_per_minute=settings.worker.why_not_per_minute,
     )
     worker_tasks: set[asyncio.Task[None]] = set()
 

@@ -141,6 +141,12 @@ class WorkerSettings:
     `/healthz` fails. Default 300: longer than the backend retries of a short API outage,
     which hold a partition on purpose (a restart would not help them)."""
 
+    why_not_per_minute: int = 10
+    """Why-not records (a rule that names an event's type but did not consider it) one rule
+    may write to the audit topic per minute of event time; the next one counts those left
+    out. Default 10: enough to see what a rule turns away, too few for a noisy producer to
+    flood the topic (docs/rules.md, "Why-not records")."""
+
     def __post_init__(self) -> None:
         if self.local_max_jobs <= 0:
             raise ConfigError("TUNELOOP_LOCAL_MAX_JOBS must be positive")
@@ -161,7 +167,12 @@ class WorkerSettings:
                 raise ConfigError(
                     f"TUNELOOP_INGRESS_TRUSTED_NETWORKS: {network!r} is not a network (CIDR)"
                 ) from None
-        for name in ("ingress_ack_timeout", "health_loop_stall", "health_progress_stall"):
+        for name in (
+            "ingress_ack_timeout",
+            "health_loop_stall",
+            "health_progress_stall",
+            "why_not_per_minute",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"TUNELOOP_{name.upper()} must be positive")
 
@@ -452,6 +463,7 @@ def _worker_from_env(env: _EnvReader) -> WorkerSettings:
         health_progress_stall=_or(
             env.number("health_progress_stall"), defaults.health_progress_stall
         ),
+        why_not_per_minute=_or(env.integer("why_not_per_minute"), defaults.why_not_per_minute),
     )
 
 
