@@ -127,22 +127,37 @@ def routing_errors(
 
 def why_not(rules: RuleSet, event: CloudEvent, *, now: datetime) -> tuple[DecisionRecord, ...]:
     """Why-not records for every rule that names *event*'s type but did not consider it: the
-    `routing_errors`, then an `ignore` record (key "") per rule whose source globs or `where`
-    turned the event away. The service writes them through `why_not.limit`."""
+    `routing_errors` (a `where` or key that failed), then an `ignore` record (key "") per rule
+    whose source globs or `where` turned the event away. One matching pass. The service
+    writes them through `why_not.limit`."""
     time = event.event_time(now)
     trace = TraceContext.of(event.extensions)
+    found, missed = matching.examine(rules, event, time=time)
+    ids = (event.id,)
+    errors = tuple(
+        Decider(rules, match.trigger.rule, "").record(
+            Outcome.ERROR,
+            Reason.EXPRESSION_ERROR,
+            time=time,
+            event_ids=ids,
+            message=match.error,
+            trace=trace,
+        )
+        for match in found
+        if match.error is not None
+    )
     ignored = tuple(
         Decider(rules, miss.rule, "").record(
             Outcome.IGNORE,
             Reason.WHERE_FALSE if miss.source_matched else Reason.SOURCE_MISMATCH,
             time=time,
-            event_ids=(event.id,),
+            event_ids=ids,
             message=miss.message,
             trace=trace,
         )
-        for miss in matching.misses(rules, event, time=time)
+        for miss in missed
     )
-    return (*routing_errors(rules, event, now=now), *ignored)
+    return (*errors, *ignored)
 
 
 def may_launch(rules: RuleSet, *, running: int) -> bool:

@@ -6,8 +6,8 @@ a non-empty string. `engine.route` asks this of every event to repartition it by
 `engine.evaluate` asks it again for the key it was routed to, so both always agree, and
 counts the event into the rules it found (and, for an event it held, the rules it finds when
 it releases it: a rule set reloaded meanwhile decides). `misses` answers the opposite
-question for `engine.why_not`: which rules name the event's type and still did not consider
-it, and why.
+question for `engine.why_not` (`examine`, in the same pass): which rules name the event's
+type and still did not consider it, and why.
 """
 
 from __future__ import annotations
@@ -62,15 +62,19 @@ class Miss:
     message: str
 
 
-def misses(rules: RuleSet, event: CloudEvent, *, time: datetime) -> tuple[Miss, ...]:
-    """Every rule that names *event*'s type but neither considered it nor failed on it (a
-    failure is a `Match` with an error, which `matches` reports), in rule-set order."""
+def examine(
+    rules: RuleSet, event: CloudEvent, *, time: datetime
+) -> tuple[tuple[Match, ...], tuple[Miss, ...]]:
+    """In one pass: every trigger that accepts *event* (as `matches` gives them), and every
+    rule that names *event*'s type but neither considered it nor failed on it, in rule-set
+    order."""
     triggers = rules.by_type.get(event.type, ())
     if not triggers:
-        return ()
+        return (), ()
     seen = activation(rules, event, time=time)
-    # Per rule: the ways in whose source accepts the event, and whether any of them reached
-    # it (with a key or an error): a rule is missed only when none did.
+    found: list[Match] = []
+    # Per rule, in rule-set order: whether a way in reached the event (with a key or an
+    # error), the `where`s that were false and the source globs that refused it.
     reached: dict[str, bool] = {}
     wheres: dict[str, list[str]] = {}
     globs: dict[str, list[str]] = {}
@@ -82,23 +86,25 @@ def misses(rules: RuleSet, event: CloudEvent, *, time: datetime) -> tuple[Miss, 
         if not trigger.accepts_source(event.source):
             globs.setdefault(name, []).extend(trigger.sources)
             continue
-        if _match(trigger, seen) is not None:
+        match = _match(trigger, seen)
+        if match is not None:
+            found.append(match)
             reached[name] = True
         else:
             where = trigger.where
             wheres.setdefault(name, []).append(where.source if where is not None else "")
-    found = []
+    missed = []
     for name, was_reached in reached.items():
         if was_reached:
             continue
         if name in wheres:
             shown = " / ".join(f"`{text}`" for text in wheres[name])
-            found.append(Miss(by_name[name], True, f"`where` is false: {shown}"))
+            missed.append(Miss(by_name[name], True, f"`where` is false: {shown}"))
         else:
             shown = ", ".join(repr(glob) for glob in dict.fromkeys(globs.get(name, ())))
             message = f"source {event.source!r} matches none of the rule's sources ({shown})"
-            found.append(Miss(by_name[name], False, message))
-    return tuple(found)
+            missed.append(Miss(by_name[name], False, message))
+    return tuple(found), tuple(missed)
 
 
 def _match(trigger: Trigger, seen: Activation) -> Match | None:

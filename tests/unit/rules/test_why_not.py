@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.jobs.model import TraceContext
 from orchestrator.ledger import DecisionRecord, Outcome, Reason
-from orchestrator.rules import engine, why_not
+from orchestrator.rules import engine, matching, why_not
 from tests.unit.rules.builders import DATA, DRIFT, LAUNCH, arrived, at, drift, rules_from
 
 RULES = rules_from(
@@ -140,3 +140,17 @@ def test_a_source_mismatch_names_every_glob_of_the_way_in():
     assert record.message == (
         "source '/x' matches none of the rule's sources ('/monitors/*', '/canary/*')"
     )
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        replace(drift(1, 0, value=0.5), source="/elsewhere"),
+        drift(2, 0, value=0.95, region="eu"),
+        drift(3, 0, value=0.95),
+    ],
+    ids=["turned-away", "considered-by-all", "unkeyable"],
+)
+def test_the_why_not_pass_finds_the_same_matches_as_routing(event):
+    found, _ = matching.examine(RULES, event, time=at(0))
+    assert found == matching.matches(RULES, event, time=at(0))
