@@ -40,6 +40,7 @@ import structlog
 from aiohttp import web
 
 from handlers.codec import EncodingMode, KafkaRecord, RecordInfo, encode_event
+from handlers.dashboard import Dashboard, install_dashboard
 from handlers.faust_app import new_app
 from handlers.intake import (
     FORWARD_HEADERS,
@@ -214,6 +215,8 @@ class Worker:
     """The web server, when `settings.worker.web_port` asks for one."""
     health: HealthWatch | None = None
     ingress: IngressStats = field(default_factory=IngressStats)
+    dashboard: Dashboard | None = None
+    """The read-only dashboard's pages, which the web server mounts (`handlers/dashboard/`)."""
 
 
 def build_worker(
@@ -336,6 +339,9 @@ def build_worker(
         counts=counts,
         background=worker_tasks,
     )
+    worker.dashboard = install_dashboard(
+        app, kafka, rules=lambda: orchestrator.rules, key_states=states, clock=clock
+    )
     _add_web_server(worker, settings, completions=completions, clock=clock)
     _run_alongside(
         worker,
@@ -424,6 +430,7 @@ def _web_routes(
             ack_timeout=settings.worker.ingress_ack_timeout,
             now=clock.now,
         ),
+        *([worker.dashboard.routes()] if worker.dashboard is not None else []),
     ]
 
 
@@ -463,6 +470,8 @@ def _run_alongside(
 
     async def pump_observations() -> None:
         async for observation in backend.observe():
+            if worker.dashboard is not None:  # its jobs page shows phase and progress
+                worker.dashboard.board.observe(observation)
             key = completions.key_of(observation.job.name) or await _recover_key(
                 backend, observation.job
             )
