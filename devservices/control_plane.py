@@ -835,8 +835,13 @@ def shipped_runtime_files() -> tuple[Path, ...]:
 
 
 @contextlib.contextmanager
-def local_control_plane(workdir: Path) -> Iterator[LocalControlPlane]:
+def local_control_plane(
+    workdir: Path, *, runtime_files: Sequence[Path] | None = None
+) -> Iterator[LocalControlPlane]:
     """Yield a started `LocalControlPlane`; stop it on exit.
+
+    *runtime_files*: the ClusterTrainingRuntimes installed besides the Trainer's
+    `torch-distributed`; by default tuneloop's own (`shipped_runtime_files()`).
 
     Raises:
         KubernetesUnavailableError: the binaries are not built (run `make services`) or a
@@ -848,5 +853,7 @@ def local_control_plane(workdir: Path) -> Iterator[LocalControlPlane]:
             f"the control plane is not built in {cache_root() / 'bin'}: run `make services` "
             "(or `python -m devservices prepare control-plane`)"
         )
-    with LocalControlPlane(binaries, workdir, runtime_files=shipped_runtime_files()) as plane:
+    if runtime_files is None:
+        runtime_files = shipped_runtime_files()
+    with LocalControlPlane(binaries, workdir, runtime_files=runtime_files) as plane:
         yield plane

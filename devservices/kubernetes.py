@@ -1146,7 +1146,9 @@ def connect(workdir: Path) -> Iterator[KubeEndpoint]:
     if os.environ.get(LOCAL_KUBERNETES_VARIABLE, "apiserver") == "control-plane":
         from devservices.control_plane import local_control_plane
 
-        with local_control_plane(workdir) as plane:
+        # Only `torch-distributed`, as on the apiextensions pair: the suites install tuneloop's
+        # runtimes themselves when they need them.
+        with local_control_plane(workdir, runtime_files=()) as plane:
             yield KubeEndpoint(kubeconfig=plane.kubeconfig, source="control-plane", server=plane)
         return
     paths = installed_paths()
