@@ -4,12 +4,15 @@ The event carries a W3C `traceparent` (the CloudEvents distributed-tracing exten
 engine decides a launch from it, `KubernetesBackend` creates the TrainJob on the real API
 server, and the completion publisher announces the job's end. The decision record, the
 TrainJob's annotations and the completion event must all carry the producer's trace id. The
-job is launched without a completion record, as after a lost state topic, so the completion
-event's trace can only come from the TrainJob's annotations.
+job is launched once without a completion record, as after a lost state topic, so the
+completion event's trace can only come from the TrainJob's annotations; and once through the
+service (`Orchestrator`), as the worker does it, from the event to the audit record, the
+TrainJob and the completion event.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -18,13 +21,14 @@ from kubernetes import client
 from orchestrator.clock import SystemClock
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.completion import CompletionPublisher
-from orchestrator.jobs.model import JobPhase, JobResult
-from orchestrator.ledger import Outcome, to_cloudevent
+from orchestrator.jobs.model import JobPhase, JobRef, JobResult
+from orchestrator.ledger import DECISION_EVENT_TYPE, Outcome, to_cloudevent
 from orchestrator.rules import engine
 from orchestrator.rules.parsing import Source, parse_files
+from orchestrator.service import Orchestrator
 from orchestrator.testing import InMemoryCompletionStore, RecordingPublisher
 from runtimes.kubernetes import manifests
-from runtimes.kubernetes.backend import BackendSettings, KubernetesBackend
+from runtimes.kubernetes.backend import BACKEND_NAME, BackendSettings, KubernetesBackend
 from runtimes.kubernetes.catalog import GROUP, VERSION
 from tests.contract.backend_contract import until
 from tests.contract.test_kubernetes_backend_contract import TrainerStatusPatcher
@@ -106,3 +110,62 @@ async def test_the_trace_id_follows_the_event_to_the_record_the_trainjob_and_the
     (completed,) = [e for e in events.events if e.type.endswith("finetune.completed.v1")]
     assert trace_id(str(completed.extensions["traceparent"])) == TRACE_ID
     assert completed.extensions["tracestate"] == "vendor=7"
+
+
+class DictStates:
+    def __init__(self) -> None:
+        self.states: dict = {}
+
+    def load(self, key):
+        return self.states.get(key)
+
+    def save(self, key, state):
+        self.states[key] = state
+
+
+async def test_through_the_service_the_audit_record_trainjob_and_completion_share_the_trace(
+    objects, k8s_namespace
+):
+    settings = BackendSettings(namespace=k8s_namespace, watch_timeout=2, request_timeout=5.0)
+    clock = SystemClock()
+    backend = KubernetesBackend(objects, clock=clock, settings=settings)
+    published = RecordingPublisher()
+    service = Orchestrator(
+        rules=parse_files([Source("rules.yaml", RULES)]),
+        backend=backend,
+        publisher=published,
+        states=DictStates(),
+        completions=InMemoryCompletionStore(),
+        clock=clock,
+        audit_topic="audit",
+        output_topic="out",
+    )
+    event = replace(EVENT, id="traced-2", data={**EVENT.data, "model_id": "model-s"})
+    (key,) = await service.keys_for(event)
+    await service.handle(key, event)
+
+    (audited,) = [e for e in published.events if e.type == DECISION_EVENT_TYPE]
+    assert trace_id(str(audited.extensions["traceparent"])) == TRACE_ID
+    assert trace_id(audited.data["traceparent"]) == TRACE_ID
+    # Job names start with the rule and the key (orchestrator/jobs/naming.py).
+    (name,) = [n for n in trainjob_names(objects, k8s_namespace) if "model-s" in n]
+    trainjob = objects.get_namespaced_custom_object(
+        GROUP, VERSION, k8s_namespace, manifests.PLURAL, name
+    )
+    assert trace_id(trainjob["metadata"]["annotations"]["tuneloop.io/traceparent"]) == TRACE_ID
+
+    ref = JobRef(name=name, backend=BACKEND_NAME, namespace=k8s_namespace)
+    await TrainerStatusPatcher(objects, k8s_namespace).move(
+        ref, JobPhase.SUCCEEDED, result=JobResult()
+    )
+    stream = aiter(backend.observe())
+    for observation in await until(stream, name, JobPhase.SUCCEEDED):
+        await service.handle_observation(key, observation)
+    await stream.aclose()
+    (completed,) = [e for e in published.events if e.type.endswith("finetune.completed.v1")]
+    assert trace_id(str(completed.extensions["traceparent"])) == TRACE_ID
+
+
+def trainjob_names(objects, namespace):
+    listing = objects.list_namespaced_custom_object(GROUP, VERSION, namespace, manifests.PLURAL)
+    return [item["metadata"]["name"] for item in listing["items"]]
