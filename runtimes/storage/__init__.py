@@ -10,7 +10,7 @@ where the network allows it; `StorageSettings.from_env()` reads the endpoint, re
 credentials from the standard variables, never from rule files.
 """
 
-from runtimes.storage.datasets import open_dataset
+from runtimes.storage.datasets import DatasetRow, dataset_rows, open_dataset
 from runtimes.storage.errors import (
     AdapterUploadFailedError,
     CredentialsRefusedError,
@@ -37,6 +37,7 @@ __all__ = [
     "AdapterLocation",
     "AdapterUploadFailedError",
     "CredentialsRefusedError",
+    "DatasetRow",
     "InvalidLocationError",
     "Location",
     "MalformedDatasetError",
@@ -49,6 +50,7 @@ __all__ = [
     "StorageSettings",
     "adapter_exists",
     "adapter_location",
+    "dataset_rows",
     "fetch_model",
     "open_dataset",
     "parse_location",

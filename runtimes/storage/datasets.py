@@ -2,7 +2,11 @@
 
 A prefix is read part by part in sorted path order, so the same prefix always gives the same
 records in the same order (the trainer's seeded split depends on it). Names starting with `.`
-or `_` (`_SUCCESS`, `.crc` files that Spark and friends leave) and other suffixes are skipped.
+or `_` (`_SUCCESS`, `.crc` files that Spark and friends leave, a hub client's `.cache/`
+folder), at any depth below the prefix, and other suffixes are skipped.
+
+`open_dataset` gives the records; `dataset_rows` gives each with where it came from (the
+part and its 1-based line or row), which the trainer needs to name a bad record.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from runtimes.storage.errors import (
@@ -24,6 +29,17 @@ from runtimes.storage.settings import StorageSettings
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 Record = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRow:
+    """One record and where it came from."""
+
+    part: str
+    """The part's URI (`file:///...`, `s3://bucket/key`)."""
+    number: int
+    """1-based: the line of a JSON Lines part, the row of a Parquet part."""
+    record: Record
 
 
 def open_dataset(
@@ -49,7 +65,23 @@ def open_dataset(
         for part in parts:
             if part.endswith(PARQUET_SUFFIXES):
                 _check_parquet_columns(fs, location, part, required_columns)
-    return _records(fs, location, parts, tuple(required_columns))
+    return (row.record for row in _rows(fs, location, parts, tuple(required_columns)))
+
+
+def dataset_rows(
+    uri: str, settings: StorageSettings, *, required_columns: Sequence[str] = ()
+) -> tuple[tuple[str, ...], Iterator[DatasetRow]]:
+    """The parts of the dataset at *uri* (URIs, in reading order) and its rows, each with its
+    part and line or row number. Checks and raises as `open_dataset` does."""
+    location = parse_location(uri)
+    fs = filesystem_for(location, settings)
+    with translated_errors(location):
+        parts = _parts(fs, location)
+        for part in parts:
+            if part.endswith(PARQUET_SUFFIXES):
+                _check_parquet_columns(fs, location, part, required_columns)
+    uris = tuple(_part_uri(location, part) for part in parts)
+    return uris, _rows(fs, location, parts, tuple(required_columns))
 
 
 def _parts(fs: Any, location: Location) -> list[str]:
@@ -65,7 +97,7 @@ def _parts(fs: Any, location: Location) -> list[str]:
     found = files_under(fs, location.path)
     if not found:
         raise NothingAtLocationError(location.uri, "an empty directory")
-    parts = [path for path in found if _is_part(path)]
+    parts = [path for path in found if _is_part(posixpath.relpath(path, location.path))]
     if not parts:
         shown = ", ".join(posixpath.basename(path) for path in found[:5])
         raise NothingAtLocationError(
@@ -75,9 +107,9 @@ def _parts(fs: Any, location: Location) -> list[str]:
     return parts
 
 
-def _is_part(path: str) -> bool:
-    name = posixpath.basename(path)
-    return not name.startswith((".", "_")) and name.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+def _is_part(relative: str) -> bool:
+    hidden = any(name.startswith((".", "_")) for name in relative.split("/"))
+    return not hidden and relative.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
 
 
 def _check_parquet_columns(fs: Any, location: Location, part: str, required: Sequence[str]) -> None:
@@ -94,15 +126,19 @@ def _check_parquet_columns(fs: Any, location: Location, part: str, required: Seq
         )
 
 
-def _records(
+def _rows(
     fs: Any, location: Location, parts: Sequence[str], required: Sequence[str]
-) -> Iterator[Record]:
+) -> Iterator[DatasetRow]:
     for part in parts:
+        part_uri = _part_uri(location, part)
         with translated_errors(location):
+            records: Iterator[tuple[int, Record]]
             if part.endswith(PARQUET_SUFFIXES):
-                yield from _parquet_records(fs, part)
+                records = enumerate(_parquet_records(fs, part), start=1)
             else:
-                yield from _jsonl_records(fs, _part_uri(location, part), part, required)
+                records = _jsonl_records(fs, part_uri, part, required)
+            for number, record in records:
+                yield DatasetRow(part_uri, number, record)
 
 
 def _parquet_records(fs: Any, part: str) -> Iterator[Record]:
@@ -113,7 +149,9 @@ def _parquet_records(fs: Any, part: str) -> Iterator[Record]:
             yield from batch.to_pylist()
 
 
-def _jsonl_records(fs: Any, part_uri: str, part: str, required: Sequence[str]) -> Iterator[Record]:
+def _jsonl_records(
+    fs: Any, part_uri: str, part: str, required: Sequence[str]
+) -> Iterator[tuple[int, Record]]:
     with fs.open(part, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
@@ -121,7 +159,9 @@ def _jsonl_records(fs: Any, part_uri: str, part: str, required: Sequence[str]) -
             try:
                 record = json.loads(raw)
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise MalformedDatasetError(part_uri, f"not JSON: {exc}", line=number) from exc
+                raise MalformedDatasetError(
+                    part_uri, f"not valid JSON: {exc}", line=number
+                ) from exc
             if not isinstance(record, dict):
                 raise MalformedDatasetError(
                     part_uri, f"a record is a JSON object, not {type(record).__name__}", line=number
@@ -131,7 +171,7 @@ def _jsonl_records(fs: Any, part_uri: str, part: str, required: Sequence[str]) -
                 raise MalformedDatasetError(
                     part_uri, f"no field(s) {', '.join(missing)}", line=number
                 )
-            yield record
+            yield number, record
 
 
 def _part_uri(location: Location, part: str) -> str:

@@ -35,9 +35,10 @@ from runtimes.storage.manifest import (
 )
 from runtimes.storage.settings import StorageSettings
 
-NOT_PUBLISHED = ("checkpoints", "failure.json", MANIFEST_NAME)
+NOT_PUBLISHED = ("checkpoints", "inputs", "failure.json", MANIFEST_NAME)
 """Top-level names of the output folder left behind: resumable training state (large, and
-useless to a reader of the adapter), a failure record, and any local manifest."""
+useless to a reader of the adapter), the inputs a job fetched (a base model copied from a
+prefix), a failure record, and any local manifest."""
 
 _CHUNK = 8 * 1024 * 1024
 
@@ -170,15 +171,30 @@ def _files_to_publish(local_dir: Path) -> list[str]:
 
 def _upload(fs: Any, local_dir: Path, relative: str, target: Location) -> ManifestEntry:
     remote = target.child(relative)
+    source_path = local_dir / relative
     if remote.scheme is Scheme.FILE:
+        if os.path.realpath(remote.path) == os.path.realpath(source_path):
+            # Published where it was written (a trainer whose output_dir is already the
+            # shared volume): only the manifest is new. Copying would truncate the file.
+            return _hashed_in_place(source_path, relative)
         fs.makedirs(os.path.dirname(remote.path), exist_ok=True)
     digest = hashlib.sha256()
     size = 0
-    with (local_dir / relative).open("rb") as source, fs.open(remote.path, "wb") as sink:
+    with source_path.open("rb") as source, fs.open(remote.path, "wb") as sink:
         for chunk in _chunks(source):
             digest.update(chunk)
             size += len(chunk)
             sink.write(chunk)
+    return ManifestEntry(path=relative, size=size, sha256=digest.hexdigest())
+
+
+def _hashed_in_place(path: Path, relative: str) -> ManifestEntry:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as source:
+        for chunk in _chunks(source):
+            digest.update(chunk)
+            size += len(chunk)
     return ManifestEntry(path=relative, size=size, sha256=digest.hexdigest())
 
 

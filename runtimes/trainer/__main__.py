@@ -5,8 +5,9 @@ local-process backend runs.
     TUNELOOP_TRAIN_<SETTING>=VALUE tuneloop-train ...
 
 Settings and their precedence are documented in docs/trainer.md (`runtimes/trainer/config.py`
-holds them). Exit codes: 0 success (`result.json` written), 1 unexpected failure, 2 bad
-input (never retry as is), 3 out of memory (retry with smaller settings). On failure the
+holds them). Exit codes: 0 success (`result.json` written, and published when `output_uri`
+is set), 1 unexpected failure or a storage failure (an upload that failed: no manifest),
+2 bad input (never retry as is), 3 out of memory (retry with smaller settings). On failure the
 error is printed as one JSON line on stdout and written to `<output_dir>/failure.json`.
 Under torchrun (Kubeflow sets `PET_*`) every rank runs this; only rank 0 reports and writes.
 Rank 0 also reports progress and metrics to Kubeflow's status server when the TrainJob has one
@@ -23,8 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from runtimes.storage import StorageError
 from runtimes.trainer import config as trainer_config
 from runtimes.trainer.errors import InvalidTrainerConfigError, TrainerError
+
+Failure = TrainerError | StorageError
+"""Both carry `message`, `exit_code` and `to_mapping()`: a storage error (a dataset or model
+that cannot be read, an adapter that could not be published) fails the run with its own code."""
 
 
 def _usage() -> str:
@@ -57,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         training.run(config, reporter)
     except ConfigError as exc:
         return _fail(InvalidTrainerConfigError(str(exc)), output_dir, is_main)
-    except TrainerError as exc:
+    except (TrainerError, StorageError) as exc:
         return _fail(exc, output_dir, is_main)
     except KeyboardInterrupt:
         return 130
@@ -67,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _fail(error: TrainerError, output_dir: str | None, is_main: bool) -> int:
+def _fail(error: Failure, output_dir: str | None, is_main: bool) -> int:
     if not is_main:
         return error.exit_code
     payload = error.to_mapping()

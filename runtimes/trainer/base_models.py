@@ -4,6 +4,9 @@
 
 * a local directory with a `config.json`: one the caller mounted, or `/workspace/model`, where
   Kubeflow's model initializer copies an `hf://` or `s3://` model before the trainer starts;
+* an `s3://` prefix holding such a directory's files: the storage layer
+  (`runtimes.storage.fetch_model`) copies it into the job's working directory (`fetch_into`)
+  first, saying so on stderr, and a second run on the same volume reuses the copy;
 * a name of the offline catalogue (`tiny`, `smollm2-135m`, `runtimes/models/catalog.py`) that
   is already built where the trainer runs: the trainer image builds them all at image build
   time. Only the tiny model, which is built from nothing, is built on first use here;
@@ -20,10 +23,12 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from runtimes import storage
 from runtimes.models import catalog
 from runtimes.trainer.errors import ModelNotFoundError
 
 HUB_SCHEME = "hf://"
+OBJECT_STORE_SCHEMES = ("s3://",)
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -32,23 +37,32 @@ def hub_is_offline(environ: Mapping[str, str]) -> bool:
     return environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
-def locate(name: str, environ: Mapping[str, str]) -> str:
+def locate(
+    name: str,
+    environ: Mapping[str, str],
+    *,
+    fetch_into: Path | None = None,
+    settings: storage.StorageSettings | None = None,
+) -> str:
     """What transformers loads *name* from: a local directory, or (hub allowed) a hub id.
+
+    Args:
+        name: the base model as the config names it.
+        environ: where `HF_HUB_OFFLINE` is read.
+        fetch_into: where an `s3://` model is copied (the job's working directory).
+        settings: how to reach object storage (default: from the environment).
 
     Raises:
         ModelNotFoundError: *name* is a directory that holds no model, a catalogue model not
             built here whose build downloads, a missing path, or a hub id while the hub is
             offline. The message says what to do instead.
+        StorageError: an `s3://` model could not be fetched (the store failed or refused).
     """
+    if name.startswith(OBJECT_STORE_SCHEMES):
+        return _fetched(name, fetch_into, settings or storage.StorageSettings.from_env())
     path = Path(name.removeprefix("file://"))
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(
-                name,
-                f"{path} holds no config.json, so it is not a transformers model directory "
-                "(an empty /workspace/model means the model initializer did not copy one)",
-            )
-        return str(path)
+        return _model_directory(name, path)
     canonical = catalog.canonical_name(name)
     if canonical is not None:
         return _catalogued(name, canonical)
@@ -69,6 +83,27 @@ def locate(name: str, environ: Mapping[str, str]) -> str:
         "from the hub now (set HF_HUB_OFFLINE=1 to forbid downloads at job time)\n"
     )
     return hub_id
+
+
+def _fetched(name: str, into: Path | None, settings: storage.StorageSettings) -> str:
+    if into is None:
+        raise ModelNotFoundError(name, "a model on object storage needs a directory to copy it to")
+    sys.stderr.write(f"tuneloop-train: base model {name} is copied to {into} before training\n")
+    try:
+        directory = storage.fetch_model(name, settings, into=into)
+    except storage.StorageInputError as exc:
+        raise ModelNotFoundError(name, exc.message) from exc
+    return _model_directory(name, directory)
+
+
+def _model_directory(name: str, path: Path) -> str:
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(
+            name,
+            f"{path} holds no config.json, so it is not a transformers model directory "
+            "(an empty /workspace/model means the model initializer did not copy one)",
+        )
+    return str(path)
 
 
 def _catalogued(name: str, canonical: str) -> str:

@@ -75,13 +75,19 @@ class TrainerConfig:
     """Everything one fine-tuning run needs; every field has a safe default but the first three."""
 
     base_model: str
-    """Local model directory, an offline catalogue name (`tiny`, `smollm2-135m`), or a hub id
-    (only when a hub is reachable)."""
+    """Local model directory, an `s3://` prefix (copied into `output_dir/inputs/model` first),
+    an offline catalogue name (`tiny`, `smollm2-135m`), or a hub id (only when a hub is
+    reachable)."""
     dataset: str
-    """JSON Lines file of training records, or a directory of `*.jsonl` parts such as the one
-    Kubeflow's dataset initializer writes (a `file://` URI is accepted)."""
+    """JSON Lines or Parquet file of training records, or a directory or prefix of parts
+    (a path, `file://` or `s3://`; read through `runtimes.storage`)."""
     output_dir: str
-    """Where the adapter, checkpoints and `result.json` go."""
+    """The job's local working directory: the adapter, checkpoints, `result.json` and any
+    input copied from object storage (`inputs/`) are written here first."""
+    output_uri: str | None = None
+    """Where rank 0 publishes the outputs once training succeeded: `<output_uri>/<job_name>/`
+    (`s3://bucket/adapters`, `file:///srv/adapters`), with a manifest written last
+    (docs/storage.md). None: the outputs stay in `output_dir`."""
     eval_dataset: str | None = None
     """Held-out JSON Lines file or directory; when unset, `eval_fraction` of the dataset is
     held out."""
@@ -343,6 +349,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "base_model": _path_text,
     "dataset": _path_text,
     "output_dir": _path_text,
+    "output_uri": _optional(_path_text),
     "eval_dataset": _optional(_path_text),
     "eval_fraction": float,
     "dataset_format": DatasetFormat,
@@ -399,4 +406,6 @@ def _problems(config: TrainerConfig) -> list[str]:
         problems.append("cpu_threads must be positive when set")
     if config.logging_steps <= 0:
         problems.append("logging_steps must be positive")
+    if config.output_uri is not None and not config.job_name:
+        problems.append("output_uri needs job_name: outputs go to <output_uri>/<job_name>/")
     return problems

@@ -9,10 +9,11 @@ shapes (the TRL conventions):
 * `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the tokenizer's chat
   template; loss on the assistant turns only.
 
-A dataset is one JSON Lines file or a directory of them (`dataset_files`): Kubeflow's dataset
-initializer copies an `hf://` or `s3://` source into the directory /workspace/dataset, with
-the source's own layout (`data/train-00000.jsonl`, ...). Every `*.jsonl` part under it is read,
-in the order of the parts' paths, so the same directory always gives the same examples.
+Records come through the storage layer (`runtimes.storage.dataset_rows`, docs/storage.md): a
+JSON Lines or Parquet file, or a directory or prefix of parts, local (a path, `file://`, a
+directory Kubeflow's dataset initializer filled at /workspace/dataset) or on object storage
+(`s3://`). Parts are read in the order of their paths, so the same location always gives the
+same examples.
 
 Masked positions get label -100, which the causal-LM loss ignores.
 """
@@ -21,18 +22,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from runtimes import storage
+from runtimes.storage import StorageSettings
 from runtimes.trainer.config import DatasetFormat
 from runtimes.trainer.errors import DatasetNotFoundError, MalformedDatasetError
 
 IGNORE_INDEX = -100
-PART_SUFFIX = ".jsonl"
-"""The parts of a dataset directory that are read; anything else there is ignored."""
 _ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -69,107 +71,81 @@ class TokenizedExample:
         return sum(1 for label in self.labels if label != IGNORE_INDEX)
 
 
-def local_path(location: str) -> Path:
-    """A dataset location as a local path (`file://` URIs accepted)."""
-    return Path(location.removeprefix("file://"))
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """The validated examples of a dataset, and what exactly they were read from."""
+
+    examples: list[Example]
+    parts: tuple[str, ...]
+    """The URIs of the files read, in reading order."""
+    fingerprint: str
+    """`sha256:` over each part's name and its records (canonical JSON), in order: the same
+    records give the same fingerprint wherever they are stored and in whichever format."""
 
 
-def fingerprint(paths: Iterable[Path]) -> str:
-    """sha256 over the bytes of the data files, in order: what exactly was trained on."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode() + b"\0")
-        with path.open("rb") as stream:
-            while chunk := stream.read(1 << 20):
-                digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}"
-
-
-def dataset_files(location: str) -> list[Path]:
-    """The JSON Lines files of a dataset: the file itself, or the parts of a directory.
-
-    A directory's parts are its `*.jsonl` files at any depth, hidden entries left out (the hub
-    client keeps its metadata in `.cache/`), sorted by their path relative to the directory.
-
-    Raises:
-        DatasetNotFoundError: nothing at *location*, or a directory without a `*.jsonl` part
-            (the message lists what the directory does hold).
-    """
-    path = local_path(location)
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise DatasetNotFoundError(str(path))
-    visible = sorted(
-        (child for child in path.rglob("*") if child.is_file() and not _hidden(child, path)),
-        key=lambda child: child.relative_to(path).as_posix(),
-    )
-    parts = [child for child in visible if child.name.endswith(PART_SUFFIX)]
-    if not parts:
-        held = ", ".join(child.relative_to(path).as_posix() for child in visible[:5]) or "nothing"
-        more = f" and {len(visible) - 5} more" if len(visible) > 5 else ""
-        raise DatasetNotFoundError(
-            str(path), f"a directory with no *{PART_SUFFIX} part (it holds {held}{more})"
-        )
-    return parts
-
-
-def _hidden(child: Path, root: Path) -> bool:
-    return any(name.startswith(".") for name in child.relative_to(root).parts)
-
-
-def read_examples(path: Path, declared: DatasetFormat = DatasetFormat.AUTO) -> list[Example]:
-    """Read and validate every record of one JSON Lines file (see `read_dataset`)."""
-    return read_dataset([path], declared)
+def read_examples(
+    location: str | Path,
+    declared: DatasetFormat = DatasetFormat.AUTO,
+    *,
+    settings: StorageSettings | None = None,
+) -> list[Example]:
+    """The validated examples of the dataset at *location* (see `read_dataset`)."""
+    return read_dataset(location, declared, settings=settings).examples
 
 
 def read_dataset(
-    paths: Sequence[Path], declared: DatasetFormat = DatasetFormat.AUTO
-) -> list[Example]:
-    """Read and validate every record of the JSON Lines files *paths*, in order.
+    location: str | Path,
+    declared: DatasetFormat = DatasetFormat.AUTO,
+    *,
+    settings: StorageSettings | None = None,
+) -> Dataset:
+    """Read and validate every record of the dataset at *location*, in order.
 
-    The first record fixes the shape (unless *declared*); every other record of every part
-    must have it. A part may be empty, the whole dataset may not.
+    *location* is anything `runtimes.storage.open_dataset` reads: a JSON Lines or Parquet
+    file or a directory or prefix of parts, as a path, `file://` or `s3://` URI. Finding the
+    parts is the storage layer's concern; this checks what the records say. The first record
+    fixes the shape (unless *declared*); every other record of every part must have it. A
+    part may be empty, the whole dataset may not.
 
     Raises:
-        DatasetNotFoundError: a file does not exist.
+        DatasetNotFoundError: nothing at *location*, or no part under it.
         MalformedDatasetError: a line is not JSON, not an object, has the wrong keys or
             types, or does not match the format of the dataset; the error names the file and
-            the line.
+            the line (or row).
+        StorageError: the store failed or refused the credentials.
     """
-    fmt = declared
-    examples: list[Example] = []
-    for path in paths:
-        fmt = _read_part(path, fmt, examples)
-    if not examples:
-        where = str(paths[0]) if len(paths) == 1 else f"{len(paths)} parts, first {paths[0]}"
-        raise MalformedDatasetError(where, 1, "the dataset has no records")
-    return examples
-
-
-def _read_part(path: Path, fmt: DatasetFormat, examples: list[Example]) -> DatasetFormat:
-    """Append the records of *path* to *examples*; return the format now fixed."""
-    if not path.is_file():
-        raise DatasetNotFoundError(str(path))
-    with path.open(encoding="utf-8") as stream:
-        for number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MalformedDatasetError(
-                    str(path), number, f"not valid JSON: {exc.msg}"
-                ) from exc
-            if not isinstance(record, dict):
-                raise MalformedDatasetError(str(path), number, "a record must be a JSON object")
+    uri = str(location)
+    try:
+        parts, rows = storage.dataset_rows(uri, settings or StorageSettings.from_env())
+        fmt = declared
+        examples: list[Example] = []
+        digest = hashlib.sha256()
+        current = None
+        for row in rows:
+            shown = _shown(row.part)
+            if row.part != current:
+                current = row.part
+                digest.update(b"\0part\0" + posixpath.basename(row.part).encode())
+            digest.update(json.dumps(row.record, sort_keys=True, default=str).encode() + b"\n")
             if fmt is DatasetFormat.AUTO:
-                fmt = _detect(record, str(path), number)
-            examples.append(_example(record, fmt, str(path), number))
-    return fmt
+                fmt = _detect(row.record, shown, row.number)
+            examples.append(_example(row.record, fmt, shown, row.number))
+    except storage.NothingAtLocationError as exc:
+        raise DatasetNotFoundError(_shown(exc.location), exc.message) from exc
+    except storage.MalformedDatasetError as exc:
+        raise MalformedDatasetError(_shown(exc.location), exc.line, exc.reason) from exc
+    if not examples:
+        where = _shown(parts[0]) if len(parts) == 1 else f"{len(parts)} parts, first {parts[0]}"
+        raise MalformedDatasetError(where, 1, "the dataset has no records")
+    return Dataset(examples=examples, parts=parts, fingerprint=f"sha256:{digest.hexdigest()}")
 
 
-def _detect(record: dict[str, Any], path: str, line: int) -> DatasetFormat:
+def _shown(uri: str) -> str:
+    """A location as people wrote it: a local file as its path, anything else as its URI."""
+    return uri.removeprefix("file://")
+
+
+def _detect(record: dict[str, Any], path: str, line: int | None) -> DatasetFormat:
     if "messages" in record:
         return DatasetFormat.MESSAGES
     if "prompt" in record or "completion" in record:
@@ -183,7 +159,7 @@ def _detect(record: dict[str, Any], path: str, line: int) -> DatasetFormat:
     )
 
 
-def _string_field(record: dict[str, Any], key: str, path: str, line: int) -> str:
+def _string_field(record: dict[str, Any], key: str, path: str, line: int | None) -> str:
     if key not in record:
         raise MalformedDatasetError(path, line, f"missing {key!r} (records of this file need it)")
     value = record[key]

@@ -48,10 +48,10 @@ class DatasetNotFoundError(TrainerInputError):
 
 
 class MalformedDatasetError(TrainerInputError):
-    """One record of a JSON Lines file cannot be used."""
+    """One record of a dataset file cannot be used (or, line None, the file itself)."""
 
-    def __init__(self, path: str, line: int, reason: str) -> None:
-        super().__init__(f"{path}:{line}: {reason}")
+    def __init__(self, path: str, line: int | None, reason: str) -> None:
+        super().__init__(f"{path}: {reason}" if line is None else f"{path}:{line}: {reason}")
         self.path = path
         self.line = line
         self.reason = reason

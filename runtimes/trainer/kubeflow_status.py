@@ -19,11 +19,12 @@ report carries every metric known so far; one value out of bounds fails the whol
 `__main__.py` wraps rank 0's `Reporter` in `KubeflowStatusReporter` when the URL is set. It
 turns the run's events into reports: `started` (0 %), `progress` (at most one report per
 `interval` seconds), `eval`, and `completed` (100 %, with the final metrics of `result.json`,
-sent after the adapter is written). A report that fails is logged on stderr and never fails
-training; after a failure the next ones wait longer (up to `MAX_BACKOFF` seconds), so a
-server that is down costs little. The worker reads `status.trainerStatus` back
-(`runtimes/kubernetes/results.py`), so the completion event gets the metrics without a shared
-volume. Standard library only: urllib and ssl.
+sent after the adapter is written and, with an `output_uri`, published: that report alone
+carries the adapter's URI, as `adapter_uri` metric(s)). A report that fails is logged on
+stderr and never fails training; after a failure the next ones wait longer (up to
+`MAX_BACKOFF` seconds), so a server that is down costs little. The worker reads
+`status.trainerStatus` back (`runtimes/kubernetes/results.py`), so the completion event gets
+the metrics and the adapter's URI without a shared volume. Standard library only: urllib and ssl.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +60,10 @@ MAX_TEXT = 64
 MAX_METRICS = 256
 MAX_INT32 = 2**31 - 1
 """progressPercentage and estimatedRemainingSeconds are int32 in the API."""
+ADAPTER_URI = "adapter_uri"
+"""The metric naming where the adapter was published, in the final report only. A value is
+at most 64 characters, so a longer URI goes in pieces `adapter_uri.1`, `adapter_uri.2`, ...
+that `adapter_uri_of` (and runtimes/kubernetes/results.py) join again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +104,10 @@ def trainer_status(
     remaining_seconds: float | None,
     metrics: Mapping[str, float | int],
     now: datetime,
+    adapter_uri: str | None = None,
 ) -> dict[str, Any]:
-    """An `UpdateTrainJobStatusRequest` body, every value within the API's bounds."""
+    """An `UpdateTrainJobStatusRequest` body, every value within the API's bounds; with
+    *adapter_uri*, the published location as `adapter_uri` metric(s) first."""
     status: dict[str, Any] = {"lastUpdatedTime": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     if progress is not None:
         status["progressPercentage"] = max(0, min(100, int(progress)))
@@ -114,9 +121,37 @@ def trainer_status(
         for text in (_text(value),)
         if 0 < len(name) <= MAX_TEXT and len(text) <= MAX_TEXT
     ]
+    if adapter_uri:
+        items = [*adapter_uri_metrics(adapter_uri), *items]
     if items:
         status["metrics"] = items[:MAX_METRICS]
     return {"trainerStatus": status}
+
+
+def adapter_uri_metrics(uri: str) -> list[dict[str, str]]:
+    """*uri* as status metrics: one `adapter_uri`, or 64-character pieces when longer."""
+    if len(uri) <= MAX_TEXT:
+        return [{"name": ADAPTER_URI, "value": uri}]
+    pieces = [uri[start : start + MAX_TEXT] for start in range(0, len(uri), MAX_TEXT)]
+    return [
+        {"name": f"{ADAPTER_URI}.{index}", "value": piece}
+        for index, piece in enumerate(pieces, start=1)
+    ]
+
+
+def adapter_uri_of(metrics: Sequence[Mapping[str, Any]]) -> str | None:
+    """The adapter URI in `trainerStatus.metrics`, pieces joined; None when not reported."""
+    pieces: dict[int, str] = {}
+    for item in metrics:
+        name, value = str(item.get("name", "")), str(item.get("value", ""))
+        if name == ADAPTER_URI:
+            return value or None
+        index = name.removeprefix(f"{ADAPTER_URI}.")
+        if index != name and index.isdigit():
+            pieces[int(index)] = value
+    if not pieces or sorted(pieces) != list(range(1, len(pieces) + 1)):
+        return None
+    return "".join(pieces[index] for index in sorted(pieces))
 
 
 def _text(value: float | int) -> str:
@@ -150,6 +185,7 @@ class KubeflowStatusReporter:
         self._wall_clock = wall_clock
         self._log = log
         self._metrics: dict[str, float | int] = {}
+        self._adapter_uri: str | None = None
         self._next_report = float("-inf")
         self._failures = 0
 
@@ -196,6 +232,10 @@ class KubeflowStatusReporter:
                 train_loss=final.get("train_loss_last"),
                 eval_loss=final.get("eval_loss_after"),
             )
+        # Only a published adapter has a URI (the trainer emits `completed` after the
+        # publish succeeded); without output_uri the adapter stays in output_dir.
+        uri = fields.get("adapter_uri")
+        self._adapter_uri = uri if isinstance(uri, str) and uri else None
         self._report(progress=100, remaining=0.0, force=True)
 
     def _report(self, *, progress: int | None, remaining: Any, force: bool) -> None:
@@ -207,6 +247,7 @@ class KubeflowStatusReporter:
             remaining_seconds=_number(remaining),
             metrics=self._metrics,
             now=self._wall_clock(),
+            adapter_uri=self._adapter_uri,
         )
         try:
             self._server.post(body)

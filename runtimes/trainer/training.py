@@ -14,13 +14,20 @@ Output layout under `output_dir`:
     adapter/          adapter_model.safetensors, adapter_config.json, tokenizer files
     merged/           the base model with the adapter merged in (only with `merge=true`)
     checkpoints/      checkpoint-<step>/ every `save_steps` (the last `save_total_limit`)
+    inputs/model/     a base model copied from an `s3://` prefix (never published)
+    metrics.json      the run's metrics
+    data_card.json    what the adapter was trained on (parts, fingerprint, counts)
     result.json       written last: its presence means success
+
+With `output_uri`, rank 0 then publishes all but checkpoints/ and inputs/ to
+`<output_uri>/<job_name>/`, manifest last (`runtimes/trainer/publishing.py`); `result.json`
+names that location as `adapter_uri`, and stays only if the publish succeeded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
-import json
 import os
 import platform
 import shutil
@@ -29,7 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runtimes.trainer import base_models, data
+from runtimes import storage
+from runtimes.trainer import base_models, data, publishing
 from runtimes.trainer.config import RESUME_AUTO, RESUME_NEVER, Precision, TrainerConfig
 from runtimes.trainer.errors import (
     InvalidTrainerConfigError,
@@ -114,12 +122,6 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    partial.replace(path)
-
-
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -132,20 +134,25 @@ def run(config: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
         TrainingOutOfMemoryError: the device ran out of memory (advice in the message).
     """
     wall_started = time.monotonic()
+    settings = storage.StorageSettings.from_env()
     # Read and validate the data before the expensive imports: a bad line fails at once.
-    data_files = data.dataset_files(config.dataset)
-    records = data.read_dataset(data_files, config.dataset_format)
+    dataset = data.read_dataset(config.dataset, config.dataset_format, settings=settings)
+    datasets = [dataset]
     if config.eval_dataset:
-        eval_files = data.dataset_files(config.eval_dataset)
-        train_records = records
-        eval_records = data.read_dataset(eval_files, config.dataset_format)
-        data_files += eval_files
+        held_out = data.read_dataset(config.eval_dataset, config.dataset_format, settings=settings)
+        datasets.append(held_out)
+        train_records, eval_records = dataset.examples, held_out.examples
     else:
         train_records, eval_records = data.split(
-            records, fraction=config.eval_fraction, seed=config.seed
+            dataset.examples, fraction=config.eval_fraction, seed=config.seed
         )
     # Likewise the model: a name that cannot be loaded here fails before torch is imported.
-    model_path = base_models.locate(config.base_model, os.environ)
+    model_path = base_models.locate(
+        config.base_model,
+        os.environ,
+        fetch_into=Path(config.output_dir) / "inputs" / "model",
+        settings=settings,
+    )
     try:
         return _run(
             config,
@@ -153,8 +160,9 @@ def run(config: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
             model_path=model_path,
             train_records=train_records,
             eval_records=eval_records,
-            data_files=data_files,
+            datasets=datasets,
             wall_started=wall_started,
+            settings=settings,
         )
     except RuntimeError as exc:
         if _is_out_of_memory(exc):
@@ -181,8 +189,9 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
     model_path: str,
     train_records: list[data.Example],
     eval_records: list[data.Example],
-    data_files: list[Path],
+    datasets: list[data.Dataset],
     wall_started: float,
+    settings: storage.StorageSettings,
 ) -> dict[str, Any]:
     import torch
     import transformers
@@ -308,8 +317,8 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
         "adapter_dir": str(adapter_dir.resolve()),
         "merged_dir": str(merged_dir.resolve()) if config.merge else None,
         "data": {
-            "fingerprint": data.fingerprint(data_files),
-            "files": [str(path) for path in data_files],
+            "fingerprint": _fingerprint(datasets),
+            "files": [part for dataset in datasets for part in dataset.parts],
             "train_examples": len(train_records),
             "eval_examples": len(eval_records),
             "train_rows": len(train_set),
@@ -358,7 +367,17 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
         base.config.use_cache = use_cache
         _save_outputs(trainer, model, tokenizer, adapter_dir, merged_dir if config.merge else None)
         result["metrics"]["wall_seconds"] = time.monotonic() - wall_started
-        _write_json_atomically(output_dir / "result.json", result)
+        publishing.write_outputs(output_dir, result)
+        if config.output_uri is not None:
+            published = publishing.publish(
+                output_dir,
+                config.output_uri,
+                job=str(config.job_name),
+                settings=settings,
+                reporter=reporter,
+                result=result,
+            )
+            result["adapter_uri"] = published.uri
         reporter.emit(
             "completed",
             result=str(output_dir / "result.json"),
@@ -370,9 +389,19 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
     return result
 
 
+def _fingerprint(datasets: Sequence[data.Dataset]) -> str:
+    if len(datasets) == 1:
+        return datasets[0].fingerprint
+    # Training and held-out data together: what exactly this run saw.
+    combined = "\n".join(dataset.fingerprint for dataset in datasets)
+    return f"sha256:{hashlib.sha256(combined.encode()).hexdigest()}"
+
+
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     metrics = result["metrics"]
+    published = {"adapter_uri": result["adapter_uri"]} if "adapter_uri" in result else {}
     return {
+        **published,
         "adapter_dir": result["adapter_dir"],
         "eval_loss_before": metrics["eval_loss_before"],
         "eval_loss_after": metrics["eval_loss_after"],

@@ -180,7 +180,23 @@ class NoBosTokenizer(CharTokenizer):
 
 def test_fingerprint_changes_when_the_data_changes(tmp_path: Path):
     path = _file(tmp_path, '{"text": "a"}')
-    before = data.fingerprint([path])
+    before = data.read_dataset(path).fingerprint
     path.write_text('{"text": "b"}\n')
-    assert data.fingerprint([path]) != before
+    assert data.read_dataset(path).fingerprint != before
     assert before.startswith("sha256:")
+
+
+def test_a_parquet_part_gives_the_same_examples_as_its_jsonl_twin(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = tmp_path / "jsonl" / "rows.jsonl"
+    jsonl.parent.mkdir()
+    jsonl.write_text('{"text": "a"}\n{"text": "b"}\n')
+    parquet = tmp_path / "parquet" / "rows.parquet"
+    parquet.parent.mkdir()
+    pq.write_table(pa.table({"text": ["a", "b"]}), parquet)
+    assert data.read_dataset(parquet).fingerprint != data.read_dataset(jsonl).fingerprint, (
+        "the part's name is part of the fingerprint"
+    )
+    assert data.read_examples(parquet) == data.read_examples(jsonl)

@@ -1,5 +1,6 @@
-"""A dataset may be a directory of JSON Lines parts: what Kubeflow's dataset initializer
-writes at /workspace/dataset (the source's own layout, e.g. a hub snapshot)."""
+"""A dataset may be a directory of JSON Lines or Parquet parts: what Kubeflow's dataset
+initializer writes at /workspace/dataset (the source's own layout, e.g. a hub snapshot). The
+storage layer finds the parts (runtimes/storage/datasets.py); the trainer validates them."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def _texts(examples: list[data.Example]) -> list[str]:
 
 def test_a_single_file_is_the_whole_dataset(tmp_path: Path):
     path = _part(tmp_path / "rows.jsonl", "a")
-    assert data.dataset_files(f"file://{path}") == [path]
+    dataset = data.read_dataset(f"file://{path}")
+    assert dataset.parts == (f"file://{path}",)
+    assert _texts(dataset.examples) == ["a"]
 
 
 def test_a_directory_is_read_part_by_part_in_the_order_of_their_paths(tmp_path: Path):
@@ -35,33 +38,33 @@ def test_a_directory_is_read_part_by_part_in_the_order_of_their_paths(tmp_path: 
     (root / "README.md").write_text("# a dataset card, not data\n")
     _part(root / ".cache" / "huggingface" / "stale.jsonl", "never read")
 
-    files = data.dataset_files(str(root))
+    dataset = data.read_dataset(str(root))
 
-    assert [f.relative_to(root).as_posix() for f in files] == [
+    assert [part.removeprefix(f"file://{root}/") for part in dataset.parts] == [
         "data/train-00000.jsonl",
         "data/train-00001.jsonl",
         "extra.jsonl",
     ]
-    assert _texts(data.read_dataset(files)) == ["a", "b", "c", "d", "e"]
+    assert _texts(dataset.examples) == ["a", "b", "c", "d", "e"]
 
 
 def test_the_same_directory_always_gives_the_same_fingerprint(tmp_path: Path):
     root = tmp_path / "dataset"
     for index in (3, 1, 2):
         _part(root / f"part-{index}.jsonl", str(index))
-    first = data.fingerprint(data.dataset_files(str(root)))
-    assert data.fingerprint(data.dataset_files(str(root))) == first
+    first = data.read_dataset(str(root)).fingerprint
+    assert data.read_dataset(str(root)).fingerprint == first
 
 
 def test_an_empty_part_is_skipped_but_an_empty_dataset_is_an_error(tmp_path: Path):
     root = tmp_path / "dataset"
     _part(root / "a.jsonl")
     _part(root / "b.jsonl", "x")
-    assert _texts(data.read_dataset(data.dataset_files(str(root)))) == ["x"]
+    assert _texts(data.read_examples(str(root))) == ["x"]
 
     (root / "b.jsonl").write_text("")
     with pytest.raises(MalformedDatasetError, match="no records"):
-        data.read_dataset(data.dataset_files(str(root)))
+        data.read_dataset(str(root))
 
 
 def test_a_part_of_another_shape_is_named_with_its_line(tmp_path: Path):
@@ -69,28 +72,28 @@ def test_a_part_of_another_shape_is_named_with_its_line(tmp_path: Path):
     _part(root / "a.jsonl", "x")
     (root / "b.jsonl").write_text('{"prompt": "p", "completion": "c"}\n')
     with pytest.raises(MalformedDatasetError) as caught:
-        data.read_dataset(data.dataset_files(str(root)))
+        data.read_dataset(str(root))
     assert str(caught.value).startswith(f"{root / 'b.jsonl'}:1:")
 
 
 def test_an_empty_directory_is_a_missing_dataset(tmp_path: Path):
     root = tmp_path / "dataset"
     root.mkdir()
-    with pytest.raises(DatasetNotFoundError, match=r"no \*\.jsonl part \(it holds nothing\)"):
-        data.dataset_files(str(root))
+    with pytest.raises(DatasetNotFoundError, match="an empty directory"):
+        data.read_dataset(str(root))
 
 
-def test_a_directory_without_jsonl_says_what_it_holds(tmp_path: Path):
+def test_a_directory_without_parts_says_what_it_holds(tmp_path: Path):
     root = tmp_path / "dataset"
     (root / "data").mkdir(parents=True)
-    (root / "data" / "train.parquet").write_bytes(b"PAR1")
+    (root / "data" / "train.csv").write_text("text\na\n")
     (root / "README.md").write_text("card\n")
     with pytest.raises(DatasetNotFoundError) as caught:
-        data.dataset_files(str(root))
-    assert "README.md, data/train.parquet" in str(caught.value)
+        data.read_dataset(str(root))
+    assert "(README.md, train.csv)" in str(caught.value)
     assert caught.value.exit_code == 2, "never retried as is"
 
 
 def test_a_missing_location_is_a_missing_dataset(tmp_path: Path):
-    with pytest.raises(DatasetNotFoundError, match="no such file or directory"):
-        data.dataset_files(str(tmp_path / "nowhere"))
+    with pytest.raises(DatasetNotFoundError, match="no such file or prefix"):
+        data.read_dataset(str(tmp_path / "nowhere"))

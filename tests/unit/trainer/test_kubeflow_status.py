@@ -245,3 +245,42 @@ def test_a_metric_the_api_would_refuse_is_left_out_rather_than_failing_the_repor
     assert body["trainerStatus"]["progressPercentage"] == 100
     assert body["trainerStatus"]["estimatedRemainingSeconds"] == 2**31 - 1
     assert [m["name"] for m in body["trainerStatus"]["metrics"]] == ["tiny", "big"]
+
+
+def test_only_the_final_report_of_a_published_run_names_its_adapter(server):
+    reporter, _ = _reporter(server, Clock())
+    reporter.emit("started", total_steps=1)
+    reporter.emit(
+        "completed",
+        adapter_uri="s3://adapters/ft-a",
+        metrics={"steps": 1},
+    )
+    bodies = [request.body for request in server.received]
+    for body in bodies:
+        assert_is_an_update_trainjob_status_request(body)
+    assert [_metrics(body).get("adapter_uri") for body in bodies] == [None, "s3://adapters/ft-a"]
+
+
+def test_a_run_without_a_published_adapter_names_none():
+    body = kubeflow_status.trainer_status(
+        progress=100, remaining_seconds=0, metrics={"steps": 1}, now=WALL
+    )
+    assert kubeflow_status.adapter_uri_of(body["trainerStatus"]["metrics"]) is None
+
+
+def test_an_adapter_uri_longer_than_a_metric_value_goes_in_pieces_and_comes_back_whole():
+    uri = "s3://a-bucket-with-a-long-name/adapters/support-bot/" + "x" * 100 + "/ft-0123456789"
+    body = kubeflow_status.trainer_status(
+        progress=100, remaining_seconds=0, metrics={"steps": 3}, now=WALL, adapter_uri=uri
+    )
+    assert_is_an_update_trainjob_status_request(body)
+    metrics = body["trainerStatus"]["metrics"]
+    assert [m["name"] for m in metrics] == [
+        "adapter_uri.1",
+        "adapter_uri.2",
+        "adapter_uri.3",
+        "steps",
+    ]
+    assert all(len(m["value"]) <= 64 for m in metrics)
+    assert kubeflow_status.adapter_uri_of(metrics) == uri
+    assert kubeflow_status.adapter_uri_of(metrics[1:]) is None, "a missing piece is no URI"
