@@ -10,7 +10,12 @@ work directory `<root>/<job name>/` that holds everything needed to find it agai
     stdout.log       the trainer's JSON progress lines (parsed into Observations)
     exit.json        how the trainer ended (supervisor)
     reported         the final Observation was handed to a consumer: never report it again
-    output/          the trainer's output_dir (unless the request names output_uri)
+    output/          the trainer's output_dir
+
+With a request's `output_uri` (a path, `file://` or `s3://`, reached with the worker's own
+S3 settings, docs/storage.md), the trainer publishes to `<output_uri>/<job>/`, manifest
+last, and the completion's `adapter_uri` is that published location; else it is
+`output/adapter`. Either way it names something that exists: a failed publish fails the job.
 
 A launch starts `python -m runtimes.localprocess.supervisor` (in its own session, so it
 outlives an orchestrator crash), which runs `python -m runtimes.trainer --config config.json`.
@@ -47,6 +52,7 @@ from orchestrator.jobs.model import (
     Observation,
     TrainingRequest,
 )
+from runtimes import storage
 from runtimes.localprocess.supervisor import CANCEL_MARKER, write_json_atomically
 from runtimes.trainer.config import ProgressMode, TrainerConfig
 
@@ -258,20 +264,20 @@ class LocalProcessBackend:
     # -- internals ----------------------------------------------------------------------------
 
     def _config_for(self, request: TrainingRequest, directory: Path) -> TrainerConfig:
-        output = str(directory / "output")
+        # The trainer always works in the job directory; an output_uri (a path, file:// or
+        # s3://) is where it then publishes `<output_uri>/<job>/`, manifest last.
+        output_uri = None
         if request.output_uri:
-            scheme = request.output_uri.partition("://")[0] if "://" in request.output_uri else ""
-            if scheme not in ("", "file"):
-                raise JobRejectedError(
-                    f"output_uri {request.output_uri} is not a local path; the local backend "
-                    "writes only to this machine's disk",
-                    reason="UnsupportedOutputUri",
-                )
-            output = request.output_uri.removeprefix("file://")
+            try:
+                output_uri = storage.parse_location(request.output_uri).uri
+            except storage.InvalidLocationError as exc:
+                raise JobRejectedError(str(exc), reason="UnsupportedOutputUri") from exc
         profile = (self._runtimes or {}).get(request.runtime, {})
         overrides = {"progress": ProgressMode.JSON, **self._overrides, **profile}
         try:
-            return TrainerConfig.from_training_request(request, output_dir=output, **overrides)
+            return TrainerConfig.from_training_request(
+                request, output_dir=directory / "output", output_uri=output_uri, **overrides
+            )
         except (ConfigError, TypeError) as exc:
             raise JobRejectedError(str(exc), reason="InvalidTrainerConfig") from exc
 
@@ -498,15 +504,20 @@ class LocalProcessBackend:
 
 
 def _job_result(result: Mapping[str, Any]) -> JobResult:
+    """The completion's result from `result.json`, which the trainer leaves only on success:
+    a published run's `adapter_uri` (written by the trainer only after `publish_adapter`
+    succeeded), else the adapter directory the trainer wrote, which exists on this machine."""
+    published = result.get("adapter_uri")
     adapter = result.get("adapter_dir")
     metrics = dict(result.get("metrics") or {})
     metrics["base_model"] = result.get("base_model")
     metrics["data_fingerprint"] = (result.get("data") or {}).get("fingerprint")
     metrics["peft_config"] = result.get("peft_config")
-    return JobResult(
-        adapter_uri=Path(adapter).as_uri() if adapter else None,
-        metrics=metrics,
-    )
+    if isinstance(published, str) and published:
+        adapter_uri: str | None = published
+    else:
+        adapter_uri = Path(adapter).as_uri() if adapter else None
+    return JobResult(adapter_uri=adapter_uri, metrics=metrics)
 
 
 def _read_config_output(directory: Path) -> str:

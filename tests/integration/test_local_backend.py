@@ -30,10 +30,13 @@ STAND_IN = textwrap.dedent(
     time.sleep(float(os.environ.get("STAND_IN_SECONDS", "0")))
     out = Path(config["output_dir"])
     (out / "adapter").mkdir(parents=True, exist_ok=True)
+    published = {}
+    if config.get("output_uri"):  # the real trainer publishes there first
+        published["adapter_uri"] = config["output_uri"] + "/" + config["job_name"]
     (out / "result.json").write_text(json.dumps({
         "adapter_dir": str(out / "adapter"), "base_model": config["base_model"],
         "metrics": {"eval_loss_before": 2.0, "eval_loss_after": 1.0},
-        "data": {"fingerprint": "sha256:x"},
+        "data": {"fingerprint": "sha256:x"}, **published,
     }))
     print(json.dumps({"event": "progress", "step": 2, "total_steps": 2, "final": True}), flush=True)
     """
@@ -242,10 +245,26 @@ async def test_job_running_across_an_orchestrator_restart_is_adopted_and_reporte
     assert json.loads((root / "tl-long" / "exit.json").read_text())["returncode"] == 0
 
 
-async def test_an_output_uri_off_this_machine_is_rejected(tmp_path: Path):
+async def test_an_output_uri_the_storage_layer_cannot_write_is_rejected(tmp_path: Path):
     async with _backend(tmp_path / "jobs") as backend:
-        request = dataclasses.replace(_request("tl-s3"), output_uri="s3://bucket/adapters")
+        request = dataclasses.replace(_request("tl-ftp"), output_uri="ftp://host/adapters")
         with pytest.raises(JobRejectedError) as caught:
             await backend.launch(request)
     assert caught.value.reason == "UnsupportedOutputUri"
-    assert not (tmp_path / "jobs" / "tl-s3").exists()
+    assert not (tmp_path / "jobs" / "tl-ftp").exists()
+
+
+async def test_an_s3_output_uri_is_published_by_the_trainer_and_its_location_reported(
+    tmp_path: Path, stand_in
+):
+    async with _backend(tmp_path / "jobs", stand_in) as backend:
+        request = dataclasses.replace(_request("tl-s3"), output_uri="s3://bucket/adapters")
+        await backend.launch(request)
+        seen = await _collect(backend, _final("tl-s3"))
+    config = json.loads((tmp_path / "jobs" / "tl-s3" / "config.json").read_text())
+    assert config["output_uri"] == "s3://bucket/adapters"
+    assert config["output_dir"] == str(tmp_path / "jobs" / "tl-s3" / "output")
+    (final,) = [o for o in seen if o.phase.is_final]
+    assert final.phase is JobPhase.SUCCEEDED
+    assert final.result is not None
+    assert final.result.adapter_uri == "s3://bucket/adapters/tl-s3"
