@@ -145,6 +145,35 @@ def test_rule_tests_as_data_pass_and_a_wrong_expectation_fails(tmp_path):
     assert "expected 'launch', got 'accumulate'" in failed.output
 
 
+def test_a_rule_test_that_expects_no_why_not_records_is_not_failed_by_them(tmp_path):
+    # d0's value is below its threshold, so the rule's `where` turns it away: a why-not
+    # record (outcome ignore) the case does not mention, written before such records existed.
+    drift = (
+        "      - {{id: {id}, source: /monitors/x, type: io.tuneloop.drift.detected.v1,"
+        " time: '2026-03-01T08:0{minute}:00Z', data: {{model_id: m, metric: psi,"
+        " value: {value}, threshold: 0.2}}}}\n"
+    )
+    events = drift.format(id="d0", minute=0, value=0.1) + drift.format(id="d1", minute=1, value=1)
+    quiet = tmp_path / "quiet.yaml"
+    quiet.write_text(
+        "cases:\n  - name: one real drift counts\n    events:\n" + events + "    expect:\n"
+        "      - {rule: chat-drift-retrain, event: d1, outcome: accumulate}\n"
+    )
+    asked = tmp_path / "asked.yaml"
+    asked.write_text(
+        "cases:\n  - name: the low drift is turned away, and says why\n    events:\n"
+        + events
+        + "    expect:\n"
+        "      - {rule: chat-drift-retrain, event: d0, outcome: ignore, reason: where-false}\n"
+        "      - {rule: chat-drift-retrain, event: d1, outcome: accumulate}\n"
+    )
+
+    for case in (quiet, asked):
+        result = runner.invoke(app, ["test", RULES, str(case)])
+        assert result.exit_code == 0, result.output
+        assert "1 passed, 0 failed" in result.output
+
+
 def test_simulate_reports_a_missing_events_file_and_exits_1(tmp_path):
     result = runner.invoke(
         app, ["simulate", "--rules", RULES, "--events", str(tmp_path / "nope.jsonl")]
