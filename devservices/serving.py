@@ -24,8 +24,9 @@ Two more things the spike found:
   SmolLM2-135M (head_dim 64) works, so it is the default model here.
 
 Cost, measured on the 2-core CI machine while other tests ran: 630 MB of wheels, a 6.2 GB
-venv (nvidia 2.7 GB, torch 1.2 GB, triton 0.7 GB, vllm 0.5 GB), about 3 minutes to install;
-about 3 minutes from start to /health, and three processes (API server, engine core, worker)
+venv (nvidia 2.7 GB, torch 1.2 GB, triton 0.7 GB, vllm 0.5 GB), 3 to 5 minutes to install;
+from start to /health 30 s on a quiet machine and up to 3 minutes under the other
+tests' load, and three processes (API server, engine core, worker)
 of about 0.9 + 0.8 + 2.6 GB PSS with `VLLM_CPU_KVCACHE_SPACE=1`.
 
 Environment:
