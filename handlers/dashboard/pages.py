@@ -204,7 +204,7 @@ def decisions_rows(rows: Sequence[DecisionRow]) -> str:
         f"<td class=outcome>{_text(row.outcome)}</td><td class=reason>{_text(row.reason)}</td>"
         f"<td class=message>{_text(row.message)}</td>"
         f"<td class=events>{'<br>'.join(f'<code>{_text(i)}</code>' for i in row.event_ids)}</td>"
-        f"<td>{_job_link(row.job_name) if row.job_name else ''}</td>"
+        f"<td>{_decided_job(row)}</td>"
         "</tr>"
         for row in rows
     )
@@ -279,6 +279,16 @@ def _budget_left(left: int | None) -> str:
     return "no limit" if left is None else str(left)
 
 
+def _decided_job(row: DecisionRow) -> str:
+    """The job a record names; a link only where a job was launched (a shadow record names
+    the job it would have launched, which does not exist)."""
+    if not row.job_name:
+        return ""
+    if row.outcome == "launch":
+        return _job_link(row.job_name)
+    return f"<code>{_text(row.job_name)}</code>"
+
+
 def _job_link(name: str) -> str:
     return f'<a href="{PREFIX}/jobs#job-{_text(name)}"><code>{_text(name)}</code></a>'
 
@@ -318,10 +328,16 @@ def _eta(seconds: float | None) -> str:
 
 
 def _metrics(row: JobRow) -> str:
-    shown = dict(row.metrics)
-    if "loss" in row.progress and "loss" not in shown:
+    """The job's numbers (losses, steps, throughput); the rest of what the trainer reported
+    (configuration, fingerprints) is in the completion event the row links to."""
+    shown = {name: value for name, value in row.metrics.items() if _is_number(value)}
+    if _is_number(row.progress.get("loss")) and "loss" not in shown:
         shown["loss"] = row.progress["loss"]
     return "<br>".join(f"{_text(name)} = {_text(_short(value))}" for name, value in shown.items())
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _short(value: object) -> str:

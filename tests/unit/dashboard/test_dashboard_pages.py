@@ -211,17 +211,22 @@ async def test_a_job_shows_its_progress_eta_metrics_and_links_to_its_decision_an
         subject="rows-retrain-ds-1-abc",
         time=NOW,
         datacontenttype="application/json",
-        data={"job": "rows-retrain-ds-1-abc", "phase": "Succeeded", "metrics": {"eval_loss": 1.25}},
+        data={
+            "job": "rows-retrain-ds-1-abc",
+            "phase": "Succeeded",
+            "metrics": {"eval_loss": 1.25, "base_model": "tiny"},
+        },
     )
     board.add_job_event(completed)
     finished = await text_of(client, "/dashboard/jobs")
     assert "Succeeded" in finished
     assert "eval_loss = 1.25" in finished
+    assert "base_model" not in finished  # words stay in the completion event, linked
     link = "/dashboard/jobs/rows-retrain-ds-1-abc/completion.json"
     assert link in finished
     announced = await (await client.get(link)).json()
     assert announced["id"] == "rows-retrain-ds-1-abc.completed"
-    assert announced["data"]["metrics"] == {"eval_loss": 1.25}
+    assert announced["data"]["metrics"] == {"eval_loss": 1.25, "base_model": "tiny"}
 
 
 async def test_a_dead_letter_shows_its_code_and_origin_and_downloads_the_original_bytes(
