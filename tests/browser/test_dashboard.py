@@ -1,0 +1,205 @@
+"""The dashboard in a real browser, served by a worker on the real broker.
+
+The worker runs in the test's process with its one web server on a free port and the
+local-process backend (the real LoRA trainer on the tiny offline model, as
+tests/e2e/test_local_loop.py runs it), so a launch has a real job whose progress the trainer
+reports. Events go in on Kafka; chromium watches the pages change without being reloaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from faust.contrib.asgi import faust_app_running
+
+from handlers.app import Worker, build_worker
+from orchestrator.clock import SystemClock
+from orchestrator.events import CloudEvent
+from orchestrator.settings import KafkaSettings, Settings
+from runtimes.localprocess.backend import LocalProcessBackend
+from tests.browser.conftest import Browser
+from tests.e2e.harness import send_events
+
+pytestmark = [pytest.mark.browser, pytest.mark.kafka, pytest.mark.timeout(300)]
+
+RULES = """
+runtimes: [local]
+rules:
+  - name: drift-retrain
+    on:
+      type: io.tuneloop.drift.detected.v1
+      where: "event.data.value > event.data.threshold"
+    key: "event.data.model_id"
+    window: 6h
+    count: 2
+    cooldown: 1h
+    concurrency: forbid
+    max_launches_per_day: 4
+    launch:
+      runtime: local
+      base_model: tiny
+      dataset: "file://{dataset}"
+      training: {{max_steps: 24, batch_size: 4, max_seq_length: 64}}
+  - name: drift-shadow
+    mode: shadow
+    on:
+      type: io.tuneloop.drift.detected.v1
+    key: "event.data.model_id"
+    window: 1h
+    count: 1
+    launch:
+      runtime: local
+      base_model: tiny
+      dataset: "file://{dataset}"
+"""
+"""Two alarms above threshold launch a short fine-tune; a shadow rule records, on every alarm,
+what it would have done (`suppress`, reason `shadow`) and launches nothing."""
+
+
+def drift(name: str, n: int, *, model: str, value: float) -> CloudEvent:
+    return CloudEvent(
+        id=f"{name}-{n}",
+        source="/monitors/psi",
+        type="io.tuneloop.drift.detected.v1",
+        time=datetime.now(UTC) - timedelta(minutes=5) + timedelta(seconds=n),
+        datacontenttype="application/json",
+        data={"model_id": model, "metric": "psi", "value": value, "threshold": 0.2},
+    )
+
+
+@dataclasses.dataclass
+class Served:
+    worker: Worker
+    url: str
+    bootstrap: str
+    topics: dict[str, str]
+
+    async def send(self, *events: CloudEvent) -> None:
+        await send_events(self.bootstrap, self.topics["in"], list(events))
+
+
+@pytest.fixture
+async def served(
+    kafka_bootstrap: str,
+    new_topic: Any,
+    tmp_path: Path,
+    tiny_model_dir: Path,  # built into the cache before the worker starts
+    reverse_dataset: Path,
+    browser: Browser,
+) -> AsyncIterator[Served]:
+    topics = {name: new_topic(f"dash-{name}") for name in ("in", "out", "audit", "dlq")}
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES.format(dataset=reverse_dataset))
+    base = Settings(
+        kafka=KafkaSettings(
+            bootstrap=kafka_bootstrap,
+            topics_in=(topics["in"],),
+            topic_out=topics["out"],
+            topic_audit=topics["audit"],
+            topic_dlq=topics["dlq"],
+            group_id=f"dash-{uuid.uuid4().hex[:8]}",
+            internal_partitions=2,
+        )
+    )
+    # Port 0: the system picks a free one; the server says which once it runs.
+    settings = dataclasses.replace(base, worker=dataclasses.replace(base.worker, web_port=0))
+    async with LocalProcessBackend(
+        tmp_path / "jobs", poll_interval=0.2, trainer_overrides={"cpu_threads": 1}
+    ) as backend:
+        worker = build_worker(
+            settings,
+            rule_paths=[rules],
+            backend=backend,
+            clock=SystemClock(),
+            tick_interval=0.2,
+            broker_commit_interval=0.2,
+            topic_replication_factor=1,
+        )
+        async with faust_app_running(worker.app, stop_timeout=30):
+            assert worker.web is not None
+            yield Served(worker, worker.web.url, kafka_bootstrap, topics)
+            crash = worker.app._crash_reason
+            # Leave the page first: its event stream would hold the server open as it stops.
+            await browser.open("about:blank")
+    assert crash is None, crash
+
+
+async def test_the_dashboard_loads_and_every_page_says_it_is_read_only(
+    served: Served, browser: Browser, tmp_path: Path
+) -> None:
+    await browser.open(served.url + "/dashboard")
+    body = await browser.wait_for_text("drift-retrain", "drift-shadow")
+    assert "Read-only" in body
+    for page in ("decisions", "jobs", "dead-letters"):
+        await browser.open(f"{served.url}/dashboard/{page}")
+        assert "Read-only" in await browser.text(), page
+        assert (
+            await browser.run("return document.querySelectorAll('form[method=post]').length") == 0
+        )
+
+
+async def test_an_emitted_event_appears_live_as_a_decision_with_its_reason(
+    served: Served, browser: Browser, tmp_path: Path
+) -> None:
+    await browser.open(served.url + "/dashboard/decisions")
+    await browser.wait_for_text("No decision records yet")
+    await browser.run("window.stillTheSamePage = true")
+
+    await served.send(drift("live", 1, model="m-live", value=0.05))
+
+    body = await browser.wait_for_text("live-1", "drift-shadow", "suppress", "shadow")
+    assert await browser.run("return window.stillTheSamePage === true"), "the page was reloaded"
+    assert "m-live" in body
+    await browser.screenshot(tmp_path, "dashboard-decisions")
+
+
+async def test_a_launch_shows_its_job_progress_and_completion(
+    served: Served, browser: Browser, tmp_path: Path
+) -> None:
+    await browser.open(served.url + "/dashboard/jobs")
+    await served.send(
+        drift("job", 1, model="m-job", value=0.31), drift("job", 2, model="m-job", value=0.42)
+    )
+
+    await browser.wait_for_text("drift-retrain", "m-job", timeout=60)
+    body = await browser.wait_until(
+        lambda body: "%" in body or "Failed" in body, timeout=150, what="the job's progress"
+    )
+    assert "Failed" not in body, f"the job failed: see its folder under {tmp_path}/jobs"
+    await browser.screenshot(tmp_path, "dashboard-job-running")
+    body = await browser.wait_for_text("Succeeded", "eval_loss", timeout=180)
+    assert ".completed" in body  # the link to the completion event
+    await browser.screenshot(tmp_path, "dashboard-jobs")
+
+    await browser.open(served.url + "/dashboard/rules")
+    await browser.wait_for_text("m-job")
+    left = await browser.run(
+        "return [...document.querySelectorAll('#rule-drift-retrain tr')]"
+        ".find(row => row.cells[0].textContent === 'm-job').cells[5].textContent"
+    )
+    assert left == "3"  # launches left today: four a day, one used
+    await browser.screenshot(tmp_path, "dashboard-rules")
+
+
+async def test_a_dead_lettered_record_shows_its_code(
+    served: Served, browser: Browser, tmp_path: Path
+) -> None:
+    await browser.open(served.url + "/dashboard/dead-letters")
+    await browser.wait_for_text("No dead letters")
+    producer = AIOKafkaProducer(bootstrap_servers=served.bootstrap)
+    await producer.start()
+    try:  # no CloudEvents headers and no CloudEvents content type
+        await producer.send_and_wait(served.topics["in"], value=b"plain text, not an event")
+    finally:
+        await producer.stop()
+
+    body = await browser.wait_for_text("record.not_cloudevent", timeout=60)
+    assert f"{served.topics['in']}/0@0" in body
+    await browser.screenshot(tmp_path, "dashboard-dead-letters")
