@@ -32,10 +32,6 @@ from orchestrator.ledger import Outcome
 from orchestrator.rules.engine import KeyState, RuleSet
 from orchestrator.settings import KafkaSettings
 
-SSE_HEARTBEAT_SECONDS = 15.0
-"""A comment line this often keeps proxies from closing an idle event stream."""
-
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
