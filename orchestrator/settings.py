@@ -213,6 +213,12 @@ class KubernetesSettings:
     model_secret: str | None = None
     """Secret with credentials for the model initializer."""
 
+    storage_secret: str | None = None
+    """Secret the trainer's object-store settings come from (keys `AWS_ACCESS_KEY_ID`,
+    `AWS_SECRET_ACCESS_KEY`, optional `TUNELOOP_S3_ENDPOINT_URL`, `AWS_REGION`,
+    `AWS_SESSION_TOKEN`), given to each TrainJob as env `secretKeyRef`s (docs/storage.md).
+    Default none: the pod's own credential chain (IRSA, workload identity)."""
+
     def __post_init__(self) -> None:
         for name in ("request_timeout", "watch_timeout", "jobset_timeout"):
             if getattr(self, name) <= 0:
@@ -479,6 +485,7 @@ def _kubernetes_from_env(env: _EnvReader) -> KubernetesSettings:
         output_base_uri=env.raw("output_base_uri") or defaults.output_base_uri,
         dataset_secret=env.raw("dataset_secret"),
         model_secret=env.raw("model_secret"),
+        storage_secret=env.raw("storage_secret"),
     )
 
 

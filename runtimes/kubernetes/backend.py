@@ -100,6 +100,7 @@ class BackendSettings:
                 causing_ids_budget=built.causing_ids_budget,
                 dataset_secret=kubernetes.dataset_secret,
                 model_secret=kubernetes.model_secret,
+                storage_secret=kubernetes.storage_secret,
             ),
         )
 

@@ -100,6 +100,46 @@ class Settings:
     """Secret with credentials for the dataset initializer (e.g. `ACCESS_TOKEN`)."""
     model_secret: str | None = None
     """Secret with credentials for the model initializer."""
+    storage_secret: str | None = None
+    """Secret the trainer's S3 endpoint, region and key pair come from (`STORAGE_SECRET_KEYS`,
+    as env `valueFrom.secretKeyRef`): the TrainJob names the Secret, never the values. None:
+    the pod's own credential chain (IRSA, workload identity) and AWS S3."""
+
+
+STORAGE_SECRET_KEYS: tuple[tuple[str, bool], ...] = (
+    ("AWS_ACCESS_KEY_ID", False),
+    ("AWS_SECRET_ACCESS_KEY", False),
+    ("AWS_SESSION_TOKEN", True),
+    ("TUNELOOP_S3_ENDPOINT_URL", True),
+    ("AWS_REGION", True),
+)
+"""The keys of the storage Secret the trainer reads (runtimes/storage/settings.py), each as
+(name, optional): a Secret for object storage holds a key pair; the endpoint (AWS S3 when
+absent), the region and a session token may be left out."""
+
+
+def storage_env(secret: str | None) -> list[dict[str, Any]]:
+    """The trainer's env entries that take the object store's settings from *secret*."""
+    if secret is None:
+        return []
+    return [
+        {
+            "name": key,
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": secret,
+                    "key": key,
+                    **({"optional": True} if optional else {}),
+                }
+            },
+        }
+        for key, optional in STORAGE_SECRET_KEYS
+    ]
+
+
+def is_local_uri(uri: str) -> bool:
+    """A `file://` URI or a plain path: a volume the trainer writes to directly."""
+    return uri.startswith(("file://", "/"))
 
 
 def output_uri_for(request: TrainingRequest, settings: Settings) -> str:
@@ -178,8 +218,8 @@ def output_dir_for(request: TrainingRequest, output_uri: str) -> str:
     """The directory the trainer writes to, inside its container.
 
     A `file://` output URI is a path on a volume the runtime mounts (the shipped runtime
-    mounts the adapters volume at the same path in the orchestrator); anything else is
-    written under /workspace/output, since the trainer does not upload to object stores.
+    mounts the adapters volume at the same path in the orchestrator); for anything else
+    (`s3://`) the trainer works under /workspace/output and then publishes there itself.
     """
     if output_uri.startswith("file://"):
         return output_uri.removeprefix("file://")
@@ -189,10 +229,17 @@ def output_dir_for(request: TrainingRequest, output_uri: str) -> str:
 
 
 def trainer_invocation(
-    request: TrainingRequest, *, dataset: str, base_model: str, output_uri: str
+    request: TrainingRequest,
+    *,
+    dataset: str,
+    base_model: str,
+    output_uri: str,
+    publish_to: str | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:
     """The trainer's argv and env for *request*: `TrainerConfig.to_args()`, the one way both
     backends build a trainer invocation (runtimes/trainer/config.py), as `--name value` items.
+    With *publish_to* (an object store's base URI) the trainer publishes the adapter to
+    `<publish_to>/<job>/` and reports that location back (runtimes/kubernetes/results.py).
 
     Raises:
         JobRejectedError: the trainer would refuse these settings (reason
@@ -205,6 +252,7 @@ def trainer_invocation(
             base_model=base_model,
             dataset=dataset,
             progress=ProgressMode.JSON,  # container logs are read by machines
+            **({"output_uri": publish_to} if publish_to else {}),
         )
     except ConfigError as exc:
         raise JobRejectedError(str(exc), reason="InvalidTrainingConfig") from exc
@@ -270,15 +318,22 @@ def build_trainjob(
     if runtime.has_model_initializer and base_model.startswith(INITIALIZER_SCHEMES):
         initializer["model"] = _initializer(base_model, settings.model_secret)
         base_model = WORKSPACE_MODEL
+    # An object store is published to by the trainer itself, at `<base>/<job>/` (the
+    # request's output_uri or the deployment's base); a local URI is the volume it writes to.
+    publish_base = request.output_uri or settings.output_base_uri
     args, env = trainer_invocation(
-        request, dataset=dataset, base_model=base_model, output_uri=output_uri
+        request,
+        dataset=dataset,
+        base_model=base_model,
+        output_uri=output_uri,
+        publish_to=None if is_local_uri(publish_base) else publish_base,
     )
 
     trainer: dict[str, Any] = {
         "image": settings.image,
         "command": list(settings.command),
         "args": args,
-        "env": env,
+        "env": [*env, *storage_env(settings.storage_secret)],
         "numNodes": request.resources.nodes,
         "numProcPerNode": request.resources.gpus_per_node or runtime.gpus_per_node or 1,
     }

@@ -6,7 +6,12 @@ completion publisher for a job it has no record of (`context_of_trainjob`).
 How the trainer reports its result (the decision, documented in docs/kubernetes.md):
 
 1. The adapter goes to the job's output URI, which the builder fixed at launch and wrote in
-   the `tuneloop.io/output-uri` annotation. That URI is the `adapter_uri` by default.
+   the `tuneloop.io/output-uri` annotation. On object storage (`s3://`) the trainer publishes
+   it to `<output_uri>/<job>/`, manifest last, and only the trainer's own report of that
+   location (its final status report, or `adapter_uri` in `result.json`) is the completion's
+   `adapter_uri`: a job whose publish was not reported names no adapter rather than a guess.
+   A local output URI (`file://`, a volume the trainer writes to directly) is the
+   `adapter_uri` when nothing better is reported.
 2. The trainer (runtimes/trainer/training.py) writes `result.json` last, in its output
    directory: `{"status": "succeeded", "adapter_dir": "/abs/path/adapter", "metrics": {...}}`
    (an `adapter_uri` key, if a future trainer uploads, wins over `adapter_dir`). Where the
@@ -32,6 +37,7 @@ from urllib.parse import unquote, urlparse
 
 from orchestrator.jobs.model import JobContext, JobResult, TraceContext
 from runtimes.kubernetes import manifests
+from runtimes.trainer import kubeflow_status
 
 RESULT_FILE = "result.json"
 
@@ -47,14 +53,23 @@ def _number(text: str) -> float | int | str:
         return text
 
 
-def status_metrics(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """`status.trainerStatus.metrics` as a dict, numbers parsed."""
+def _status_items(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     trainer_status = (obj.get("status") or {}).get("trainerStatus") or {}
+    return [item for item in trainer_status.get("metrics") or [] if "name" in item]
+
+
+def status_metrics(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """`status.trainerStatus.metrics` as a dict, numbers parsed (the adapter's URI apart)."""
     return {
         str(item["name"]): _number(str(item.get("value", "")))
-        for item in trainer_status.get("metrics") or []
-        if "name" in item
+        for item in _status_items(obj)
+        if not str(item["name"]).startswith(kubeflow_status.ADAPTER_URI)
     }
+
+
+def reported_adapter_uri(obj: Mapping[str, Any]) -> str | None:
+    """Where the trainer said, in its final status report, that it published the adapter."""
+    return kubeflow_status.adapter_uri_of(_status_items(obj))
 
 
 def local_path(uri: str) -> Path | None:
@@ -93,10 +108,18 @@ def read_result_file(output_uri: str) -> JobResult | None:
 
 
 def result_of(obj: Mapping[str, Any], *, file_result: JobResult | None = None) -> JobResult:
-    """The result of the finished TrainJob *obj*: file first, then status, then annotations."""
+    """The result of the finished TrainJob *obj*: file first, then status, then annotations.
+
+    The adapter URI is the one the trainer reported (`result.json`, else its final status
+    report); only a local output URI, which the trainer wrote into itself, stands in for a
+    report. An object-store output URI nobody reported is no adapter (None), never a guess.
+    """
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     metrics = status_metrics(obj)
-    adapter_uri = annotations.get(manifests.OUTPUT_URI)
+    output_uri = annotations.get(manifests.OUTPUT_URI)
+    adapter_uri = reported_adapter_uri(obj)
+    if adapter_uri is None and output_uri and manifests.is_local_uri(output_uri):
+        adapter_uri = output_uri
     if file_result is not None:
         metrics.update(file_result.metrics)
         adapter_uri = file_result.adapter_uri or adapter_uri
