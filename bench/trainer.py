@@ -16,11 +16,10 @@ the completion and an EOS trained), built here from the tokenizer, independently
 `DataCollatorWithFlattening` (padding-free: position ids restart per example, so attention
 stays within it), with as many examples per batch as fill our packed batch's tokens (8 blocks
 of `max_seq_length`). Ours is `python -m runtimes.trainer` as the backends run it: its `packed`
-rows (full blocks of `max_seq_length`, no padding) are compared with the packed baseline,
-its `unpacked` rows (8 examples, padded) with the padded one (8 examples), so each ratio shows
-what our code adds or costs for the same kind of batch. One difference stays: our blocks let
-the examples packed into them attend to each other (classic packing), while flattening keeps
-them apart.
+rows (whole examples side by side in rows of up to `max_seq_length`, positions restarting at
+0 for each example, so attention stays within it as with flattening) are compared with the
+packed baseline, its `unpacked` rows (8 examples, padded) with the padded one (8 examples), so
+each ratio shows what our code adds or costs for the same kind of batch.
 
 Goal: >= 1.0x on CPU (>= 1.5x on a GPU). Quick mode runs the tiny model only. The figures of
 the last run are in docs/performance.md.

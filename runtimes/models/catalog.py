@@ -61,7 +61,7 @@ def _ensure(name: str, build: Callable[[Path], None]) -> Path:
 
 
 def tiny_model_dir() -> Path:
-    """The tiny Llama-style model (~100k parameters), built in ~15 s on first use."""
+    """The tiny Llama-style model (~100k parameters), built offline on first use."""
     return _ensure(TINY, tiny.build)
 
 
