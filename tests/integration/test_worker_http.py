@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from handlers.app import Worker, build_worker
 from handlers.codec import KafkaRecord, decode_record
 from orchestrator.clock import SystemClock
-from orchestrator.jobs.model import JobPhase
+from orchestrator.jobs.model import JobPhase, JobRef, TrainingRequest
 from orchestrator.ledger import DECISION_EVENT_TYPE
 from orchestrator.settings import KafkaSettings, Settings, WorkerSettings
 from orchestrator.testing import InMemoryBackend
@@ -100,9 +100,14 @@ def topics(new_topic: Any) -> dict[str, str]:
 
 @asynccontextmanager
 async def running_worker(
-    bootstrap: str, topics: dict[str, str], rules: Path, **web: Any
+    bootstrap: str,
+    topics: dict[str, str],
+    rules: Path,
+    *,
+    backend: InMemoryBackend | None = None,
+    **web: Any,
 ) -> AsyncIterator[tuple[Worker, InMemoryBackend]]:
-    backend = InMemoryBackend(SystemClock())
+    backend = backend or InMemoryBackend(SystemClock())
     settings = Settings(
         worker=WorkerSettings(web_port=0, **web),
         kafka=KafkaSettings(
@@ -357,3 +362,62 @@ async def test_without_the_token_a_sender_is_refused_and_an_unacknowledged_write
         status, body, headers = await post(http, url, message.body, right)
         assert (status, body["code"]) == (503, "unavailable")
         assert int(headers["Retry-After"]) > 0
+
+
+class HangingBackend(InMemoryBackend):
+    """A backend whose launch does not return until released, as a wedged API call."""
+
+    def __init__(self, clock: SystemClock) -> None:
+        super().__init__(clock)
+        self.released = asyncio.Event()
+        self.hanging = 0
+
+    async def launch(self, request: TrainingRequest) -> JobRef:
+        self.hanging += 1
+        await self.released.wait()
+        return await super().launch(request)
+
+
+async def test_healthz_fails_when_the_consumer_commits_nothing_while_records_wait(
+    kafka_bootstrap: str, topics: dict[str, str], rules: Path
+) -> None:
+    backend = HangingBackend(SystemClock())
+    async with (
+        running_worker(
+            kafka_bootstrap, topics, rules, backend=backend, health_progress_stall=2.0
+        ) as (worker, _),
+        aiohttp.ClientSession() as http,
+    ):
+        assert worker.web is not None
+        url = worker.web.url
+
+        async def healthz() -> tuple[int, Any]:
+            async with http.get(f"{url}/healthz") as response:
+                return response.status, await response.json()
+
+        assert (await healthz())[0] == 200
+        async with http.post(f"{url}/events", **binary_request("stuck-1")) as response:
+            assert response.status == 202
+        await asyncio.sleep(1)
+        assert (await healthz())[0] == 200  # one event, processed: nothing waits
+        async with http.post(f"{url}/events", **binary_request("stuck-2")) as response:
+            assert response.status == 202  # the launch hangs on this one; the next one waits
+        async with http.post(f"{url}/events", **binary_request("stuck-3")) as response:
+            assert response.status == 202
+
+        async def stuck() -> bool:
+            return (await healthz())[0] == 503
+
+        try:
+            await until(stuck, what="/healthz to fail", timeout=30)
+            status, body = await healthz()
+            assert status == 503
+            assert "consumer committed nothing" in body["problems"][0]
+            assert backend.hanging == 1
+        finally:
+            backend.released.set()  # so that the worker can stop
+
+
+def binary_request(event_id: str) -> dict[str, Any]:
+    message = sdk_http.to_binary_event(drift_event(event_id))
+    return {"data": message.body, "headers": message.headers}

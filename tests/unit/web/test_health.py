@@ -119,3 +119,11 @@ async def test_a_consumer_with_no_lag_is_alive_however_long_it_has_been_idle() -
         await watch.measure_lag()
     assert watch.total_lag == 0
     assert watch.liveness().ok
+
+
+def test_a_worker_not_yet_assigned_partitions_nor_recovered_is_not_ready() -> None:
+    app = new_app(KafkaSettings(group_id="readiness-unit"))
+    watch = HealthWatch(app, loop_stall=10.0, progress_stall=300.0)
+    problems = watch.readiness().problems
+    assert "no partitions assigned yet" in problems
+    assert "tables are being recovered from their changelogs" in problems
