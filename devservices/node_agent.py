@@ -581,14 +581,17 @@ class PodRunner:
         code = container.process.wait()
         if code < 0:
             code = 128 - code  # killed by a signal: a kubelet reports 128 + signal number
-        container.state = {
-            "terminated": {
-                "exitCode": code,
-                "reason": "Completed" if code == 0 else "Error",
-                "startedAt": started,
-                "finishedAt": _now(),
-            }
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": started,
+            "finishedAt": _now(),
         }
+        if code != 0 and container.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            # As the kubelet does: the log's last 80 lines, at most 2 KiB of its end.
+            tail = b"\n".join((logs / f"{container.name}.log").read_bytes().splitlines()[-80:])
+            terminated["message"] = tail[-2048:].decode("utf-8", errors="replace")
+        container.state = {"terminated": terminated}
         if not self.stopping.is_set():
             self._write_status()
         return code
