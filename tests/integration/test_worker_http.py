@@ -8,7 +8,9 @@ writes a batch: both are someone else's implementation, not ours.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +24,11 @@ from aiokafka import AIOKafkaProducer
 from cloudevents.core.bindings import http as sdk_http
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent as SdkEvent
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+from cryptography.x509.oid import NameOID
 from faust.contrib.asgi import faust_app_running
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -421,3 +428,79 @@ async def test_healthz_fails_when_the_consumer_commits_nothing_while_records_wai
 def binary_request(event_id: str) -> dict[str, Any]:
     message = sdk_http.to_binary_event(drift_event(event_id))
     return {"data": message.body, "headers": message.headers}
+
+
+def write_certificates(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by it,
+    as PEM files in *directory*."""
+    now = datetime.now(UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tuneloop test CA")])
+
+    def issue(subject: str, key: Any, *, ca: bool = False, ip: str | None = None) -> Any:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(
+                ca_name if ca else x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+            )
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if ip is not None:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]),
+                critical=False,
+            )
+        return builder.sign(ca_key, hashes.SHA256())
+
+    def write(name: str, certificate: Any, key: Any) -> None:
+        (directory / f"{name}.crt").write_bytes(certificate.public_bytes(Encoding.PEM))
+        (directory / f"{name}.key").write_bytes(
+            key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+        )
+
+    write("ca", issue("ca", ca_key, ca=True), ca_key)
+    server_key, client_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    write("server", issue("127.0.0.1", server_key, ip="127.0.0.1"), server_key)
+    write("client", issue("knative-broker", client_key), client_key)
+    return {name: directory / name for name in ("ca", "server", "client")}
+
+
+async def test_under_mtls_a_client_certificate_is_the_credential_and_probes_need_none(
+    kafka_bootstrap: str, topics: dict[str, str], rules: Path, tmp_path: Path
+) -> None:
+    pem = write_certificates(tmp_path)
+    async with running_worker(
+        kafka_bootstrap,
+        topics,
+        rules,
+        web_tls_cert_file=str(pem["server"].with_suffix(".crt")),
+        web_tls_key_file=str(pem["server"].with_suffix(".key")),
+        web_tls_client_ca_file=str(pem["ca"].with_suffix(".crt")),
+    ) as (worker, _):
+        assert worker.web is not None
+        url = worker.web.url
+        assert url.startswith("https://")
+        anonymous = ssl.create_default_context(cafile=str(pem["ca"].with_suffix(".crt")))
+        with_certificate = ssl.create_default_context(cafile=str(pem["ca"].with_suffix(".crt")))
+        with_certificate.load_cert_chain(
+            pem["client"].with_suffix(".crt"), pem["client"].with_suffix(".key")
+        )
+        request = binary_request("mtls-1")
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=anonymous)) as http:
+            async with http.get(f"{url}/healthz") as response:
+                assert response.status == 200  # the kubelet presents no certificate
+            async with http.post(f"{url}/events", **request) as response:
+                assert response.status == 401
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=with_certificate)) as http,
+            http.post(f"{url}/events", **request) as response,
+        ):
+            assert response.status == 202
