@@ -27,6 +27,7 @@ from runtimes.storage import (
     NothingAtLocationError,
     StorageSettings,
     adapter_exists,
+    dataset_rows,
     fetch_model,
     open_dataset,
     parse_location,
@@ -123,6 +124,31 @@ def test_a_prefix_of_parts_is_read_in_path_order_skipping_markers(
     records = list(open_dataset(f"{root}/data", settings))
 
     assert records == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_each_row_names_its_part_and_line_and_hidden_folders_at_any_depth_are_skipped(
+    root: str, settings: StorageSettings, put: Put
+) -> None:
+    put("rows/b/part-1.jsonl", jsonl({"n": 2}))
+    put("rows/a/part-0.jsonl", b'{"n": 0}\n\n{"n": 1}\n')
+    put("rows/.cache/huggingface/stale.jsonl", jsonl({"n": -1}))
+    put("rows/_temporary/0/part-9.jsonl", jsonl({"n": -2}))
+    put("rows/pq/part-2.parquet", parquet({"n": [3, 4]}))
+
+    parts, rows = dataset_rows(f"{root}/rows", settings)
+
+    assert parts == (
+        f"{root}/rows/a/part-0.jsonl",
+        f"{root}/rows/b/part-1.jsonl",
+        f"{root}/rows/pq/part-2.parquet",
+    )
+    assert [(row.part.rsplit("/", 1)[-1], row.number, row.record["n"]) for row in rows] == [
+        ("part-0.jsonl", 1, 0),
+        ("part-0.jsonl", 3, 1),
+        ("part-1.jsonl", 1, 2),
+        ("part-2.parquet", 1, 3),
+        ("part-2.parquet", 2, 4),
+    ]
 
 
 def test_a_parquet_dataset_gives_its_rows_as_records(
@@ -306,6 +332,19 @@ def test_an_adapter_is_published_with_a_manifest_of_every_file_written_last(
     for entry in manifest.files:
         assert entry.size == (folder / entry.path).stat().st_size
         assert entry.sha256 == sha256(folder / entry.path)
+
+
+def test_a_folder_published_where_it_already_is_gets_only_its_manifest(tmp_path: Path) -> None:
+    folder = adapter_folder(tmp_path)
+    config = (folder / "adapter" / "adapter_config.json").read_bytes()
+
+    published = publish_adapter(folder, tmp_path.as_uri(), "out", StorageSettings())
+
+    assert published.uri == f"{tmp_path.as_uri()}/out"
+    assert adapter_exists(published.uri, StorageSettings())
+    assert (folder / "adapter" / "adapter_config.json").read_bytes() == config, "not truncated"
+    entries = {entry.path: entry for entry in published.files}
+    assert entries["adapter/adapter_config.json"].sha256 == hashlib.sha256(config).hexdigest()
 
 
 def test_a_reader_polling_during_the_upload_never_sees_a_manifest_before_all_files(
