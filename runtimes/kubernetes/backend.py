@@ -21,7 +21,11 @@ wrapped in `asyncio.to_thread`), so it needs nothing but the Trainer CRDs.
   Phases come from the status (`phase_of`): `Complete`/`Failed`/`Suspended` conditions, else
   `Running` when a trainer job is active, else `Pending`; a job whose JobSet never appeared
   (no `jobsStatus` after `jobset_timeout` seconds) is `Failed` with reason `JobSetNotCreated`.
-  Only changes that `tracking.next_transition` accepts are yielded.
+  Only changes that `tracking.next_transition` accepts are yielded, plus, while a job runs,
+  each new report of its trainer in `status.trainerStatus` (`progress.py`) as a `Running`
+  observation with reason `Progress`: the dashboard and sweeps read it, the completion
+  publisher ignores it. A `Failed` job's message gets the failing container's log tail from
+  its pod's status (`failures.py`), when the backend may list pods.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from kubernetes.client import ApiClient, CustomObjectsApi
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -44,7 +48,7 @@ from orchestrator.jobs.model import JobContext, JobPhase, JobRef, Observation, T
 from orchestrator.jobs.tracking import next_transition
 from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs
 from orchestrator.settings import KubernetesSettings
-from runtimes.kubernetes import manifests, results
+from runtimes.kubernetes import failures, manifests, progress, results
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from runtimes.kubernetes.errors import foreign_object_error, is_transient, translate
 
@@ -172,6 +176,8 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         catalog: runtimes on offer; one over the same `api` is made when None.
         settings: see `BackendSettings`.
         sleep: how to wait between retries (tests pass a recorder).
+        pods: lists a failed job's pods for its log tail; None leaves failures with the
+            controller's message only.
     """
 
     def __init__(
@@ -182,8 +188,10 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         catalog: RuntimeCatalog | None = None,
         settings: BackendSettings | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        pods: CoreV1Api | None = None,
     ) -> None:
         self._api = api
+        self._pods = pods
         self._clock = clock
         self._settings = settings or BackendSettings()
         self._catalog = catalog or RuntimeCatalog(
@@ -197,7 +205,12 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         cls, api_client: ApiClient, *, clock: Clock, settings: BackendSettings | None = None
     ) -> KubernetesBackend:
         """A backend on *api_client* (e.g. from `kubernetes.config.new_client_from_config`)."""
-        return cls(CustomObjectsApi(api_client), clock=clock, settings=settings)
+        return cls(
+            CustomObjectsApi(api_client),
+            clock=clock,
+            settings=settings,
+            pods=CoreV1Api(api_client),
+        )
 
     @property
     def namespace(self) -> str:
@@ -301,10 +314,11 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
     async def observe(self) -> AsyncIterator[Observation]:
         seen: dict[str, JobPhase] = {}
         live: dict[str, Mapping[str, Any]] = {}  # jobs not final yet, for the JobSet timeout
+        reported: dict[str, dict[str, Any]] = {}  # each job's last trainer report yielded
         while True:
             version, items = await self._list()
             listed = {obj["metadata"]["name"] for obj in items}
-            changes = [await self._observe_object(obj, seen, live) for obj in items]
+            changes = [await self._observe_object(obj, seen, live, reported) for obj in items]
             # Jobs that vanished while nobody watched (a restart, a 410) were deleted.
             changes += [
                 self._observe_deletion(n, seen, live) for n in list(live) if n not in listed
@@ -316,12 +330,12 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
                 while True:
                     async for kind, obj in self._watch(version):
                         version = obj.get("metadata", {}).get("resourceVersion") or version
-                        observation = await self._observe_event(kind, obj, seen, live)
+                        observation = await self._observe_event(kind, obj, seen, live, reported)
                         if observation is not None:
                             yield observation
                     # The watch ended on its timeout: time to look at jobs stuck waiting.
                     for obj in list(live.values()):
-                        observation = await self._observe_object(obj, seen, live)
+                        observation = await self._observe_object(obj, seen, live, reported)
                         if observation is not None:
                             yield observation
             except _ResourceVersionGoneError:
@@ -333,15 +347,21 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         obj: Mapping[str, Any],
         seen: dict[str, JobPhase],
         live: dict[str, Mapping[str, Any]],
+        reported: dict[str, dict[str, Any]],
     ) -> Observation | None:
         if kind == "BOOKMARK":
             return None
         if kind == "DELETED":
+            reported.pop(obj["metadata"]["name"], None)
             return self._observe_deletion(obj["metadata"]["name"], seen, live)
-        return await self._observe_object(obj, seen, live)
+        return await self._observe_object(obj, seen, live, reported)
 
     async def _observe_object(
-        self, obj: Mapping[str, Any], seen: dict[str, JobPhase], live: dict[str, Mapping[str, Any]]
+        self,
+        obj: Mapping[str, Any],
+        seen: dict[str, JobPhase],
+        live: dict[str, Mapping[str, Any]],
+        reported: dict[str, dict[str, Any]],
     ) -> Observation | None:
         name = obj["metadata"]["name"]
         now = self._clock.now()
@@ -352,9 +372,19 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             live.pop(name, None)
         else:
             live[name] = obj
+        report = progress.progress_of(obj)
         if next_transition(seen.get(name), phase) is None:
-            return None
+            if phase is not JobPhase.RUNNING or not report or report == reported.get(name):
+                return None
+            reported[name] = report
+            return Observation(
+                job=self._ref(name), phase=phase, at=now, reason="Progress", progress=report
+            )
         seen[name] = phase
+        if phase.is_final:
+            reported.pop(name, None)
+        elif report:
+            reported[name] = report
         result = None
         if phase is JobPhase.SUCCEEDED:
             output_uri = results.output_uri_of(obj)
@@ -366,10 +396,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             result = results.result_of(obj, file_result=file_result)
         elif phase is JobPhase.FAILED:
             result = results.result_of(obj)
-        progress: dict[str, Any] = {}
-        trainer_status = (obj.get("status") or {}).get("trainerStatus") or {}
-        if "progressPercentage" in trainer_status:
-            progress["percent"] = trainer_status["progressPercentage"]
+            message = await self._failure_message(name, message)
         # A job that finished while nobody watched finished then, not when we noticed. The
         # condition's time has whole seconds only, so a fresh one would read as slightly in
         # the past (and durations as negative): use it only when it is clearly older.
@@ -386,8 +413,28 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             reason=reason,
             message=message,
             result=result,
-            progress=progress,
+            progress=report,
         )
+
+    async def _failure_message(self, name: str, message: str | None) -> str | None:
+        """*message* with the failing trainer container's log tail, when its pods say it.
+
+        Best effort: a job's failure is reported whether or not its pods can be read (they
+        may be gone, or the worker may not be allowed to list them)."""
+        if self._pods is None:
+            return message
+        try:
+            response = await self._call(
+                self._pods.list_namespaced_pod,
+                self.namespace,
+                label_selector=f"{failures.JOBSET_NAME_LABEL}={name}",
+                _preload_content=False,
+            )
+            pods = json.loads(response.data).get("items") or []
+        except Exception as exc:
+            log.warning("failed_pods_unreadable", job=name, error=str(exc))
+            return message
+        return failures.failure_message(message, pods)
 
     def _observe_deletion(
         self, name: str, seen: dict[str, JobPhase], live: dict[str, Mapping[str, Any]]

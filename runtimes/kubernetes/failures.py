@@ -1,0 +1,57 @@
+"""Why a TrainJob failed, in words a user can act on: the controller's reason plus the
+failing container's last log lines.
+
+Called by `KubernetesBackend` when a TrainJob reaches `Failed`. The Trainer's condition says
+only that the JobSet failed; what went wrong is in the trainer's log. The shipped runtimes set
+`terminationMessagePolicy: FallbackToLogsOnError` on the trainer container, so the kubelet
+copies the log's tail (80 lines, 2 KiB) into the container's `terminated.message` when it
+exits non-zero: the worker reads it from the pod's status, which needs only `list pods`, not
+the logs API or a shared volume. Pure: the backend lists the pods (by the JobSet's label).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+"""Label the JobSet controller puts on every pod of a JobSet; the Trainer names the JobSet
+after the TrainJob."""
+
+
+def failed_container(pods: Iterable[Mapping[str, Any]]) -> tuple[str, int, str] | None:
+    """(pod/container, exit code, terminated message) of the first container that exited
+    non-zero with a message, earliest finish first; None when no container left one."""
+    found: list[tuple[str, str, int, str]] = []
+    for pod in pods:
+        pod_name = (pod.get("metadata") or {}).get("name", "")
+        status = pod.get("status") or {}
+        for container in status.get("containerStatuses") or []:
+            state = container.get("state") or {}
+            terminated = state.get("terminated") or (container.get("lastState") or {}).get(
+                "terminated"
+            )
+            if not terminated or not terminated.get("exitCode") or not terminated.get("message"):
+                continue
+            found.append(
+                (
+                    str(terminated.get("finishedAt") or ""),
+                    f"{pod_name}/{container.get('name', '')}",
+                    int(terminated["exitCode"]),
+                    str(terminated["message"]),
+                )
+            )
+    if not found:
+        return None
+    _, where, code, message = min(found)
+    return where, code, message
+
+
+def failure_message(condition_message: str | None, pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The condition's message, followed by the failing container's log tail if one left it."""
+    failed = failed_container(pods)
+    if failed is None:
+        return condition_message
+    where, code, tail = failed
+    told = f"{condition_message}\n" if condition_message else ""
+    return f"{told}{where} exited with code {code}; the last lines of its log:\n{tail.rstrip()}"
