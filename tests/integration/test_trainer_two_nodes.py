@@ -107,7 +107,13 @@ def test_two_nodes_train_one_model_and_only_rank_zero_writes_it(
     result = json.loads((output / "result.json").read_text())
     assert result["training"]["world_size"] == 2
     assert result["metrics"]["steps"] == STEPS
-    assert sorted(p.name for p in output.iterdir()) == ["adapter", "checkpoints", "result.json"]
+    assert sorted(p.name for p in output.iterdir()) == [
+        "adapter",
+        "checkpoints",
+        "data_card.json",
+        "metrics.json",
+        "result.json",
+    ]
     assert (output / "adapter" / "adapter_model.safetensors").is_file()
     # Only rank 0 reported to the (stand-in) status server: one start, one end.
     progress = [r.body["trainerStatus"].get("progressPercentage") for r in status_server.received]
