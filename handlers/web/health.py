@@ -50,7 +50,8 @@ class PartitionLag:
     partition: int
     end_offset: int
     committed: int | None
-    """The group's committed offset (the next record to process); none before the first."""
+    """The group's committed offset (the next record to process); before anything was
+    committed, the log's first offset."""
 
     @property
     def lag(self) -> int:
@@ -157,15 +158,26 @@ class HealthWatch(Service):
 
     async def measure_lag(self) -> None:
         """Ask the broker for the end offsets of the assigned partitions, once."""
-        consumer: Any = self.app.consumer
+        app: Any = self.app
+        consumer = app.consumer
         try:
-            assigned = sorted(consumer.assignment())
+            assigned = consumer.assignment()
         except Exception:  # not started yet (faust raises ConsumerNotStarted)
-            assigned = []
-        ends = await consumer.highwaters(*assigned) if assigned else {}
+            assigned = set()
+        # Changelog partitions are assigned too, but read only to recover tables and never
+        # committed: they are not work waiting to be done.
+        tables = getattr(app, "tables", None)
+        changelogs = set(tables.changelog_topics) if tables is not None else set()
+        consumed = sorted(tp for tp in assigned if tp.topic not in changelogs)
+        ends = await consumer.highwaters(*consumed) if consumed else {}
         # faust keeps the committed offsets it read at assignment and wrote since in this
         # mapping; its public monitor sees only the ones written by this process.
-        committed = getattr(consumer, "_committed_offset", {})
+        committed = dict(getattr(consumer, "_committed_offset", {}))
+        never = [tp for tp in consumed if committed.get(tp) is None]
+        if never:
+            # Nothing committed yet: the work is what the log holds from its first offset on
+            # (retention may have removed older records, which are no one's work).
+            committed.update(await consumer.earliest_offsets(*never))
         partitions = tuple(
             PartitionLag(
                 topic=tp.topic,
@@ -173,7 +185,7 @@ class HealthWatch(Service):
                 end_offset=int(ends.get(tp, 0)),
                 committed=committed.get(tp),
             )
-            for tp in assigned
+            for tp in consumed
         )
         positions = {(p.topic, p.partition): p.committed for p in partitions}
         if positions != self._last_committed or not any(p.lag for p in partitions):

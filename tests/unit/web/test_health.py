@@ -62,16 +62,20 @@ async def test_a_probe_waiting_behind_a_blocked_loop_is_told_the_loop_stalled() 
 
 @dataclass
 class StandInConsumer:
-    """What the watch reads from faust's consumer: assignment, end offsets, commits."""
+    """What the watch reads from faust's consumer: assignment, offsets, commits."""
 
     ends: dict[TP, int]
     _committed_offset: dict[TP, int] = field(default_factory=dict)
+    starts: dict[TP, int] = field(default_factory=dict)
 
     def assignment(self) -> set[TP]:
         return set(self.ends)
 
     async def highwaters(self, *partitions: TP) -> dict[TP, int]:
         return {tp: self.ends[tp] for tp in partitions}
+
+    async def earliest_offsets(self, *partitions: TP) -> dict[TP, int]:
+        return {tp: self.starts.get(tp, 0) for tp in partitions}
 
 
 async def test_a_consumer_that_commits_nothing_while_behind_fails_liveness_after_the_limit() -> (
@@ -127,3 +131,19 @@ def test_a_worker_not_yet_assigned_partitions_nor_recovered_is_not_ready() -> No
     problems = watch.readiness().problems
     assert "no partitions assigned yet" in problems
     assert "tables are being recovered from their changelogs" in problems
+
+
+async def test_changelogs_are_not_lag_and_an_uncommitted_partition_counts_from_its_first_record():
+    changelog = TP("tuneloop-tuneloop-rule-state-changelog", 0)
+    trimmed = TP("tuneloop.events", 0)  # retention removed offsets 0..99
+    fresh = TP("tuneloop.events", 1)
+    consumer = StandInConsumer(
+        ends={changelog: 500, trimmed: 100, fresh: 3}, starts={trimmed: 100, fresh: 0}
+    )
+    app = SimpleNamespace(
+        consumer=consumer, tables=SimpleNamespace(changelog_topics={changelog.topic})
+    )
+    watch = HealthWatch(app, loop_stall=10.0, progress_stall=60.0)  # type: ignore[arg-type]
+    await watch.measure_lag()
+    lags = {(p.topic, p.partition): p.lag for p in watch.partitions}
+    assert lags == {("tuneloop.events", 0): 0, ("tuneloop.events", 1): 3}
