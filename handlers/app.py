@@ -416,6 +416,7 @@ def _web_routes(
                 lag=lambda: watch.partitions,
                 jobs_by_phase=completions.phases,
                 reloads=lambda: {"applied": reloader.applied, "rejected": reloader.rejected},
+                loop_lag=lambda: watch.last_beat_late,
             )
         ),
         ingress.routes(

@@ -112,6 +112,8 @@ class Sources:
     jobs_by_phase: Callable[[], Mapping[str, int]]
     reloads: Callable[[], Mapping[str, int]]
     """Rule reloads by result (`applied`, `rejected`)."""
+    loop_lag: Callable[[], float] = lambda: 0.0
+    """Seconds the event loop's last heartbeat came late (`handlers/web/health.py`)."""
 
 
 class WorkerCollector(Collector):
@@ -200,6 +202,12 @@ class WorkerCollector(Collector):
         )
         accepted.add_metric([], ingress.events)
         yield accepted
+        loop = GaugeMetricFamily(
+            "tuneloop_event_loop_lag_seconds",
+            "How late the event loop's last heartbeat woke: time the loop was held by one step.",
+        )
+        loop.add_metric([], sources.loop_lag())
+        yield loop
         signals = CounterMetricFamily(
             "tuneloop_signals_sent", "Job observations and ticks sent to the keyed topic."
         )

@@ -218,6 +218,8 @@ async def test_metrics_scraped_from_a_running_worker_move_as_events_arrive(
         assert value(after, "tuneloop_launch_latency_seconds_bucket", le="300.0") == 0
         assert value(after, "tuneloop_launch_latency_seconds_bucket", le="900.0") == 1
         assert value(after, "tuneloop_jobs", phase="Pending") == 1
+        assert 0 <= value(after, "tuneloop_event_loop_lag_seconds") < 10
+        assert ("tuneloop_event_loop_lag_seconds", frozenset()) in after
 
         (job,) = backend.job_names
         backend.move(job, JobPhase.RUNNING)
