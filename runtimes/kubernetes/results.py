@@ -14,7 +14,8 @@ How the trainer reports its result (the decision, documented in docs/kubernetes.
    `adapter_uri` when nothing better is reported.
 2. The trainer (runtimes/trainer/training.py) writes `result.json` last, in its output
    directory: `{"status": "succeeded", "adapter_dir": "/abs/path/adapter", "metrics": {...}}`
-   (an `adapter_uri` key, if a future trainer uploads, wins over `adapter_dir`). Where the
+   (with `adapter_uri`, the published folder, when it published; that wins over
+   `adapter_dir`). Where the
    orchestrator can read the output URI (a `file://` URI or a plain path on a shared volume),
    that file wins.
 3. Where the Trainer's `TrainJobStatus` feature is on, `status.trainerStatus.metrics`

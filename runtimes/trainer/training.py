@@ -363,30 +363,48 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
         },
         "versions": _versions(),
     }
-    if is_main:
-        base.config.use_cache = use_cache
-        _save_outputs(trainer, model, tokenizer, adapter_dir, merged_dir if config.merge else None)
-        result["metrics"]["wall_seconds"] = time.monotonic() - wall_started
-        publishing.write_outputs(output_dir, result)
-        if config.output_uri is not None:
-            published = publishing.publish(
-                output_dir,
-                config.output_uri,
-                job=str(config.job_name),
-                settings=settings,
-                reporter=reporter,
-                result=result,
+    try:
+        if is_main:
+            base.config.use_cache = use_cache
+            _save_outputs(
+                trainer, model, tokenizer, adapter_dir, merged_dir if config.merge else None
             )
-            result["adapter_uri"] = published.uri
-        reporter.emit(
-            "completed",
-            result=str(output_dir / "result.json"),
-            **_summary(result),
-            metrics=result["metrics"],
-        )
-    if world_size > 1:
-        torch.distributed.barrier()
+            result["metrics"]["wall_seconds"] = time.monotonic() - wall_started
+            _write_and_publish(config, result, reporter, output_dir=output_dir, settings=settings)
+    finally:
+        # Every rank waits for rank 0's outputs, also when writing or publishing them failed:
+        # the other ranks then end, and rank 0's exit code fails the job.
+        if world_size > 1:
+            torch.distributed.barrier()
     return result
+
+
+def _write_and_publish(
+    config: TrainerConfig,
+    result: dict[str, Any],
+    reporter: Reporter,
+    *,
+    output_dir: Path,
+    settings: storage.StorageSettings,
+) -> None:
+    """Rank 0's last steps: the outputs, the publish (with `output_uri`), then `completed`."""
+    publishing.write_outputs(output_dir, result)
+    if config.output_uri is not None:
+        published = publishing.publish(
+            output_dir,
+            config.output_uri,
+            job=str(config.job_name),
+            settings=settings,
+            reporter=reporter,
+            result=result,
+        )
+        result["adapter_uri"] = published.uri
+    reporter.emit(
+        "completed",
+        result=str(output_dir / "result.json"),
+        **_summary(result),
+        metrics=result["metrics"],
+    )
 
 
 def _fingerprint(datasets: Sequence[data.Dataset]) -> str:
