@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import socket
 import sys
 import textwrap
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import pytest
 from orchestrator.errors import JobRejectedError
 from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest, TrainingSettings
 from runtimes.localprocess.backend import LocalProcessBackend
+from runtimes.storage import StorageSettings, adapter_exists
 
 STAND_IN = textwrap.dedent(
     """
@@ -134,6 +136,71 @@ async def test_real_trainer_job_goes_pending_running_succeeded_with_its_result(
     assert (adapter / "adapter_model.safetensors").is_file()
     assert final.result.metrics["eval_loss_after"] is not None
     assert final.result.metrics["data_fingerprint"].startswith("sha256:")
+
+
+@pytest.mark.training
+async def test_real_trainer_publishes_to_the_output_uri_and_the_result_names_that_folder(
+    tmp_path: Path, tiny_model_dir: Path, reverse_dataset: Path
+):
+    adapters = tmp_path / "adapters"
+    async with _backend(tmp_path / "jobs", trainer_overrides={"cpu_threads": 1}) as backend:
+        request = dataclasses.replace(
+            _request(
+                "tl-pub",
+                base_model=str(tiny_model_dir),
+                dataset=str(reverse_dataset),
+                max_steps=2,
+                batch_size=4,
+            ),
+            output_uri=adapters.as_uri(),
+        )
+        await backend.launch(request)
+        seen = await _collect(backend, _final("tl-pub"), timeout=240)
+    final = seen[-1]
+    assert final.phase is JobPhase.SUCCEEDED, final.message
+    assert final.result is not None
+    assert final.result.adapter_uri == f"{adapters.as_uri()}/tl-pub"
+    assert adapter_exists(final.result.adapter_uri, StorageSettings())
+    assert (adapters / "tl-pub" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.training
+async def test_a_publish_that_fails_fails_the_job_with_the_storage_error(
+    tmp_path: Path, tiny_model_dir: Path, reverse_dataset: Path
+):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    unreachable = {
+        "TUNELOOP_S3_ENDPOINT_URL": f"http://127.0.0.1:{closed_port}",
+        "AWS_ACCESS_KEY_ID": "nobody",
+        "AWS_SECRET_ACCESS_KEY": "nothing",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    async with LocalProcessBackend(
+        tmp_path / "jobs",
+        poll_interval=0.05,
+        trainer_overrides={"cpu_threads": 1},
+        environment=unreachable,
+    ) as backend:
+        request = dataclasses.replace(
+            _request(
+                "tl-nopub",
+                base_model=str(tiny_model_dir),
+                dataset=str(reverse_dataset),
+                max_steps=2,
+                batch_size=4,
+            ),
+            output_uri="s3://nowhere/adapters",
+        )
+        await backend.launch(request)
+        seen = await _collect(backend, _final("tl-nopub"), timeout=240)
+    final = seen[-1]
+    assert final.phase is JobPhase.FAILED
+    assert final.result is None
+    assert final.reason in ("StorageError", "AdapterUploadFailedError")
+    assert "s3://nowhere/adapters/tl-nopub" in str(final.message)
+    assert not (tmp_path / "jobs" / "tl-nopub" / "output" / "result.json").exists()
 
 
 async def test_bad_dataset_fails_the_job_with_the_trainers_reason(tmp_path: Path):
