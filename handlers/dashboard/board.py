@@ -136,7 +136,8 @@ class Board:
         self._decision_ids: set[str] = set()
         self._jobs: collections.OrderedDict[str, JobRow] = collections.OrderedDict()
         self._dead_letters: collections.deque[DeadLetterRow] = collections.deque(maxlen=history)
-        self._subscribers: set[asyncio.Queue[Change]] = set()
+        self._subscribers: set[asyncio.Queue[Change | None]] = set()
+        self._closed = False
 
     # --- what the pages read ------------------------------------------------------------
 
@@ -221,18 +222,29 @@ class Board:
     # --- live pages ---------------------------------------------------------------------
 
     async def subscribe(self) -> AsyncIterator[Change]:
-        """What changes from now on, until the caller stops iterating."""
-        queue: asyncio.Queue[Change] = asyncio.Queue(maxsize=SUBSCRIBER_BACKLOG)
+        """What changes from now on, until the caller stops iterating or the board closes."""
+        # One place more than the backlog, so that `close` always finds room for its None.
+        queue: asyncio.Queue[Change | None] = asyncio.Queue(maxsize=SUBSCRIBER_BACKLOG + 1)
         self._subscribers.add(queue)
         try:
-            while True:
-                yield await queue.get()
+            while not self._closed:
+                change = await queue.get()
+                if change is None:
+                    return
+                yield change
         finally:
             self._subscribers.discard(queue)
 
+    def close(self) -> None:
+        """End every live page's stream: the worker is stopping, and a stream left open would
+        hold its web server up until the server's shutdown timeout."""
+        self._closed = True
+        for queue in self._subscribers:
+            queue.put_nowait(None)
+
     def _notify(self, change: Change) -> None:
         for queue in self._subscribers:
-            if not queue.full():
+            if queue.qsize() < SUBSCRIBER_BACKLOG:
                 queue.put_nowait(change)
 
     def _job(self, name: str) -> JobRow:

@@ -198,8 +198,11 @@ def install_dashboard(
 
     async def feed_dashboard() -> None:
         # A worker nobody looks at reads no audit records: the feed starts on the first page.
-        await dashboard.wanted.wait()
-        await tail_topics(kafka, dashboard.board, history=history)
+        try:
+            await dashboard.wanted.wait()
+            await tail_topics(kafka, dashboard.board, history=history)
+        finally:  # the App is stopping (its tasks are cancelled): let live pages go
+            dashboard.board.close()
 
     cast(Any, app).task(feed_dashboard)  # faust's decorators are untyped
     return dashboard

@@ -276,6 +276,16 @@ async def test_the_event_stream_names_each_change_as_it_happens(served) -> None:
     response.close()
 
 
+async def test_an_open_event_stream_ends_when_the_board_closes(served) -> None:
+    client, board = served
+    response = await client.get("/dashboard/stream")
+    assert await response.content.readline() == b": connected\n"
+    await asyncio.sleep(0.05)
+    board.close()
+    rest = await asyncio.wait_for(response.content.read(), timeout=5)
+    assert rest == b"\n"  # the blank line after the comment, then the end of the stream
+
+
 async def test_a_live_table_reloads_as_rows_only(served) -> None:
     client, board = served
     board.add_decision(decision(9, outcome="accumulate"), event_id="d-9")
