@@ -44,7 +44,7 @@ def new_app(kafka: KafkaSettings, **faust_options: Any) -> faust.App:
         "consumer_metadata_max_age_ms": 3_000,
         # Let forwards and seen-set changelog writes gather for up to 5 ms into one produce
         # request. With faust's default of 0 the producer sent a request per ~2 records; with
-        # 5 ms, a third as many and ~13% fewer Python calls per event (see bench/intake.py).
+        # 5 ms, far fewer requests and Python calls per event (measured once: docs/delivery.md).
         # Delivery is unchanged: faust flushes the producer before it commits any offset.
         "producer_linger": 0.005,
     }
