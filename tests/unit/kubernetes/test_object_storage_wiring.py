@@ -8,7 +8,9 @@ import dataclasses
 from typing import Any
 
 from orchestrator.jobs.model import TrainingRequest
+from orchestrator.settings import Settings
 from runtimes.kubernetes import manifests, results
+from runtimes.kubernetes.backend import BackendSettings
 from runtimes.kubernetes.catalog import RuntimeInfo
 
 REQUEST = TrainingRequest(
@@ -118,3 +120,14 @@ def test_a_long_reported_adapter_uri_is_joined_from_its_pieces():
 def test_an_s3_output_the_trainer_never_reported_names_no_adapter():
     obj = finished(build(), [{"name": "eval_loss", "value": "0.5"}])
     assert results.result_of(obj).adapter_uri is None
+
+
+def test_the_worker_setting_names_the_secret_every_trainjob_refers_to():
+    kubernetes = Settings.from_env(
+        {"TUNELOOP_KUBERNETES_STORAGE_SECRET": "object-storage"}
+    ).kubernetes
+    backend = BackendSettings.from_settings(kubernetes)
+    assert backend.manifests.storage_secret == "object-storage"
+    env = build(storage_secret=backend.manifests.storage_secret)["spec"]["trainer"]["env"]
+    refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e}
+    assert refs == {"object-storage"}
