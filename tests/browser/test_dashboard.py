@@ -24,7 +24,7 @@ from orchestrator.clock import SystemClock
 from orchestrator.events import CloudEvent
 from orchestrator.settings import KafkaSettings, Settings
 from runtimes.localprocess.backend import LocalProcessBackend
-from tests.browser.conftest import Browser
+from tests.browser.chromium import Browser
 from tests.e2e.harness import send_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.kafka, pytest.mark.timeout(300)]
