@@ -331,9 +331,16 @@ def _metrics(row: JobRow) -> str:
     """The job's numbers (losses, steps, throughput); the rest of what the trainer reported
     (configuration, fingerprints) is in the completion event the row links to."""
     shown = {name: value for name, value in row.metrics.items() if _is_number(value)}
-    if _is_number(row.progress.get("loss")) and "loss" not in shown:
-        shown["loss"] = row.progress["loss"]
+    # While it runs, the latest report's numbers: both backends put each metric by name
+    # beside the bookkeeping keys (runtimes/kubernetes/progress.py says so).
+    for name, value in row.progress.items():
+        if name not in _PROGRESS_KEYS and name not in shown and _is_number(value):
+            shown[name] = value
     return "<br>".join(f"{_text(name)} = {_text(_short(value))}" for name, value in shown.items())
+
+
+_PROGRESS_KEYS = frozenset({"step", "total_steps", "percent", "eta_seconds", "final"})
+"""Keys of a progress report that say how far, not how well (shown as the bar and ETA)."""
 
 
 def _is_number(value: object) -> bool:

@@ -192,7 +192,13 @@ async def test_a_job_shows_its_progress_eta_metrics_and_links_to_its_decision_an
             phase=JobPhase.RUNNING,
             at=NOW,
             reason="Progress",
-            progress={"step": 3, "total_steps": 12, "eta_seconds": 95, "loss": 2.5},
+            progress={
+                "step": 3,
+                "total_steps": 12,
+                "eta_seconds": 95,
+                "loss": 2.5,
+                "learning_rate": 0.0002,
+            },
         )
     )
     running = await text_of(client, "/dashboard/jobs")
@@ -201,6 +207,8 @@ async def test_a_job_shows_its_progress_eta_metrics_and_links_to_its_decision_an
     assert "3/12" in running
     assert "1:35" in running
     assert "loss = 2.5" in running
+    assert "learning_rate = 0.0002" in running
+    assert "step =" not in running  # how far shows as the bar, not as a metric
     assert 'href="/dashboard/decisions#d-6"' in running
     assert "Sweeps" in running
 
