@@ -35,6 +35,17 @@ def get(url: str) -> tuple[int, dict[str, Any]]:
         return error.code, json.loads(error.read())
 
 
+async def answers_200_soon(url: str, *, within: float = 10.0) -> bool:
+    """Whether `/healthz` says alive within *within* seconds. A machine busy with other work
+    can wake a heartbeat late by itself, so a healthy loop is given a few tries, not one."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if (await asyncio.to_thread(get, url))[0] == 200:
+            return True
+        await asyncio.sleep(0.3)
+    return False
+
+
 async def test_a_probe_waiting_behind_a_blocked_loop_is_told_the_loop_stalled() -> None:
     app = new_app(KafkaSettings(group_id="health-unit"))
     watch = HealthWatch(app, loop_stall=1.0, progress_stall=300.0)
@@ -43,7 +54,7 @@ async def test_a_probe_waiting_behind_a_blocked_loop_is_told_the_loop_stalled() 
     await server.start()
     try:
         await asyncio.sleep(0.6)  # a heartbeat or two
-        assert (await asyncio.to_thread(get, f"{server.url}/healthz"))[0] == 200
+        assert await answers_200_soon(f"{server.url}/healthz")
 
         with ThreadPoolExecutor(1) as kubelet:
             # Asked 0.2 s into 2.5 s of synchronous work holding the loop (a wedged handler).
@@ -53,8 +64,7 @@ async def test_a_probe_waiting_behind_a_blocked_loop_is_told_the_loop_stalled() 
         assert status == 503
         assert "event loop stalled" in body["problems"][0]
 
-        await asyncio.sleep(1.2)  # the loop beats on time again
-        assert (await asyncio.to_thread(get, f"{server.url}/healthz"))[0] == 200
+        assert await answers_200_soon(f"{server.url}/healthz")  # the loop beats on time again
     finally:
         await server.stop()
         await watch.stop()
