@@ -40,7 +40,7 @@ class Field:
 
 def fields_of(module: ModuleType, class_name: str) -> dict[str, Field]:
     """The fields of *class_name* in *module*, with their defaults and attribute docstrings."""
-    tree = ast.parse(Path(inspect.getfile(module)).read_text(encoding="utf-8"))
+    tree = _parse(Path(inspect.getfile(module)).read_text(encoding="utf-8"))
     found: dict[str, Field] = {}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.ClassDef) and node.name == class_name):
@@ -60,6 +60,17 @@ def fields_of(module: ModuleType, class_name: str) -> dict[str, Field]:
             default = _default_text(item.value)
             found[item.target.id] = Field(item.target.id, default, doc)
     return found
+
+
+def _parse(source: str) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SystemError:
+        # CPython 3.11.7 keeps the AST converter's recursion depth in state that all threads
+        # share (python/cpython#106905, fixed in later releases): a finalizer that parses on
+        # another thread mid-conversion leaves it off, and this parse refuses ("AST constructor
+        # recursion depth mismatch"). The source is fine, and the next parse starts afresh.
+        return ast.parse(source)
 
 
 def _default_text(value: ast.expr | None) -> str:
