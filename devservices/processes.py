@@ -1,0 +1,161 @@
+"""The life of one local server process: start, wait until ready, stop, read its log.
+
+Who calls it: the local services that run one server process each, `kafka.LocalKafka`,
+`object_storage.LocalObjectStorage` and `serving.LocalVllmServer`. Each keeps what is its own
+(the command line, the readiness probe, its error type, what a restart keeps) and hands the
+process itself to a `ServiceProcess`, so that every one of them is started, awaited and
+stopped the same way:
+
+- the process runs in a session of its own, so that a signal reaches its whole tree (vLLM's
+  engine core and worker, a JVM's helpers) and Ctrl-C in a terminal reaches only us;
+- its stdout and stderr are appended to one log file, kept across restarts;
+- a run that ends without its finalizers still kills the group (`atexit`), so that no server
+  outlives the test session holding its ports;
+- `stop()` sends SIGTERM, then SIGKILL to the group after a timeout, and reaps the group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+LOG_TAIL_LINES = 40
+"""How much of a log a start-up error carries: enough for a JVM's or Python's stack trace."""
+
+
+def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last *lines* lines of *path*, read without loading the whole file."""
+    try:
+        with path.open("rb") as log:
+            kept = deque(log, maxlen=lines)
+    except OSError:
+        return f"(no log at {path})"
+    return b"".join(kept).decode(errors="replace")
+
+
+class ServiceProcess:
+    """One server process in its own session, its output appended to *log_path*.
+
+    *what* names the server in error messages ("s3proxy", "the Kafka broker").
+    """
+
+    def __init__(self, what: str, *, log_path: Path) -> None:
+        self.what = what
+        self.log_path = log_path
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._kill_at_exit: Callable[[], None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The process id while it runs, else None."""
+        popen = self._popen
+        return popen.pid if popen is not None and popen.poll() is None else None
+
+    def launch(self, command: Sequence[str], *, env: Mapping[str, str] | None = None) -> int:
+        """Start *command*; return the log offset where this run's output begins."""
+        with self.log_path.open("ab") as log:
+            offset = log.tell()
+            self._popen = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        # Bound to this Popen, not to self: a later launch registers its own.
+        self._kill_at_exit = functools.partial(_kill_group, self._popen)
+        atexit.register(self._kill_at_exit)
+        return offset
+
+    def wait_until_ready(
+        self,
+        ready: Callable[[], bool],
+        *,
+        awaited: str,
+        started: float,
+        timeout: float,
+        poll_seconds: float,
+        error: type[Exception],
+    ) -> None:
+        """Return once *ready()* is true, polling every *poll_seconds*.
+
+        Args:
+            ready: the service's readiness probe.
+            awaited: what *ready* waits for, for the message ("answer on http://...").
+            started: the `time.monotonic()` the start began at; the deadline counts from it.
+            timeout: seconds from *started* to give up.
+            poll_seconds: the pause between two probes.
+            error: the service's own start error type.
+
+        Raises:
+            error: the process exited, or *ready* stayed false past the deadline; the
+                message carries the log's tail.
+        """
+        popen = self._popen
+        assert popen is not None, "wait_until_ready() before launch()"
+        deadline = started + timeout
+        while True:
+            if popen.poll() is not None:
+                raise error(
+                    f"{self.what} exited with {popen.returncode} while starting; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise error(
+                    f"{self.what} did not {awaited} within {timeout:.0f} s; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(poll_seconds)
+
+    def stop(self, signum: signal.Signals = signal.SIGTERM, *, timeout: float) -> bool:
+        """Send *signum* to the group, SIGKILL after *timeout*, reap the group; a no-op when
+        never launched.
+
+        Returns:
+            True when the process ended on *signum* (or had ended before), short of SIGKILL:
+            the Kafka broker keeps what it writes at a clean exit only then.
+        """
+        popen = self._popen
+        if popen is None:
+            return False
+        exited_on_its_own = signum != signal.SIGKILL
+        if popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signum)
+            try:
+                popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                exited_on_its_own = False
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait()
+        # Children (vLLM's engine core and worker) may outlive the leader by a moment.
+        _kill_group(popen)
+        if self._kill_at_exit is not None:
+            atexit.unregister(self._kill_at_exit)
+            self._kill_at_exit = None
+        self._popen = None
+        return exited_on_its_own
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return read_log_tail(self.log_path, lines)
+
+
+def _kill_group(popen: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
