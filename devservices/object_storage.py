@@ -23,7 +23,6 @@ Environment:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import os
@@ -42,6 +41,7 @@ from types import TracebackType
 from typing import Self
 
 from devservices.kafka import cache_root, free_ports
+from devservices.processes import LOG_TAIL_LINES, ServiceProcess
 from orchestrator.errors import ConfigError
 
 DEFAULT_S3PROXY_VERSION = "4.1.0"
@@ -180,7 +180,7 @@ class LocalObjectStorage:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.last_start_seconds = 0.0
-        self._process: subprocess.Popen[bytes] | None = None
+        self._server = ServiceProcess("s3proxy", log_path=self.log_path)
 
     @property
     def endpoint_url(self) -> str:
@@ -196,17 +196,14 @@ class LocalObjectStorage:
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._server.running
 
     def create_bucket(self, name: str) -> None:
         """A bucket of the filesystem backend is a folder; this works stopped or running."""
         (self.data_dir / name).mkdir(parents=True, exist_ok=True)
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return self._server.log_tail(lines)
 
     def start(self) -> Self:
         """Start the server and return once it answers HTTP.
@@ -232,26 +229,27 @@ class LocalObjectStorage:
             )
         )
         started = time.monotonic()
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                server_command(java=_java_executable(), jar=self.jar, properties=properties),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        atexit.register(self._kill_at_exit)
+        self._server.launch(
+            server_command(java=_java_executable(), jar=self.jar, properties=properties)
+        )
         try:
-            self._wait_until_ready(deadline=started + self.start_timeout)
+            self._server.wait_until_ready(
+                lambda: answers_http(self.endpoint_url),
+                awaited=f"answer on {self.endpoint_url}",
+                started=started,
+                timeout=self.start_timeout,
+                poll_seconds=0.2,
+                error=ObjectStorageStartError,
+            )
         except BaseException:
-            self._signal_and_wait(signal.SIGKILL)
+            self._server.stop(signal.SIGKILL, timeout=self.stop_timeout)
             raise
         self.last_start_seconds = time.monotonic() - started
         return self
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after `stop_timeout`; a no-op when not running."""
-        self._signal_and_wait(signal.SIGTERM)
+        self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -267,43 +265,6 @@ class LocalObjectStorage:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"LocalObjectStorage({self.endpoint_url}, {state}, {self.work_dir})"
-
-    def _wait_until_ready(self, *, deadline: float) -> None:
-        process = self._process
-        assert process is not None
-        while True:
-            if process.poll() is not None:
-                raise ObjectStorageStartError(
-                    f"s3proxy exited with {process.returncode} while starting; log "
-                    f"{self.log_path}:\n{self.log_tail()}"
-                )
-            if answers_http(self.endpoint_url):
-                return
-            if time.monotonic() > deadline:
-                raise ObjectStorageStartError(
-                    f"s3proxy did not answer on {self.endpoint_url} within "
-                    f"{self.start_timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}"
-                )
-            time.sleep(0.2)
-
-    def _kill_at_exit(self) -> None:
-        self._signal_and_wait(signal.SIGKILL)
-
-    def _signal_and_wait(self, signum: signal.Signals) -> None:
-        process = self._process
-        if process is None:
-            return
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signum)
-            try:
-                process.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        atexit.unregister(self._kill_at_exit)
-        self._process = None
 
 
 def server_command(*, java: str, jar: Path, properties: Path) -> list[str]:
