@@ -13,13 +13,11 @@ API (everything a suite needs; other e2e tests may import it):
 - `WorkerConfig` + `WorkerProcess`: `tuneloop run --backend kubernetes` as a subprocess in its
   own session, logging to a file; `start()`, `kill()` (SIGKILL to its process group),
   `stop()` (SIGTERM, then SIGKILL), `log_tail()`. `workers_log_tails(...)` for failure messages.
-- `send_events(bootstrap, topic, events, between=...)`: produce with the model id as record
-  key; *between* is awaited every `chunk` events (where a suite injects its faults).
-- `read_topic(bootstrap, topic) -> list[CloudEvent]`: everything in a topic, read to its end
-  offsets (no settle-time guessing). `count_records(bootstrap, topic)` for raw counts (DLQ).
+- `send_events`, `read_topic`, `count_records` (producing and reading to the end offsets)
+  and `wait_for` (poll a predicate) are tests/fixtures/topics.py's and waiting.py's, shared
+  with the in-process worker tests; they are imported here, so the suites may name them here.
 - `trainjob_names(kubeconfig, namespace)`, `complete_trainjobs(kubeconfig, namespace, names)`
   (patch `/status` to Complete, the way the Trainer controller does).
-- `wait_for(condition, what=, timeout=, on_timeout=)`: poll an (async or sync) predicate.
 - `FaultRun`: one suite's run: stream, expected launches, worker config, and the steps every
   suite shares (`send`, `wait_for_launches`, `complete_all`, `summary`).
 - `FaultEnv`: what every suite runs against (broker address, API server, namespace, topics,
@@ -37,14 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,16 +48,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import TopicPartition
-
 from devservices.kubernetes import KubeEndpoint
-from handlers.codec import KafkaRecord, decode_record, encode_event, envelope_of
+from handlers.codec import envelope_of
 from orchestrator.events import CloudEvent
 from runtimes.kubernetes.catalog import GROUP as TRAINER_GROUP
 from runtimes.kubernetes.catalog import VERSION as TRAINER_VERSION
 from runtimes.kubernetes.manifests import KEY as KEY_ANNOTATION
 from runtimes.kubernetes.manifests import PLURAL as TRAINJOBS
+from tests.fixtures.topics import count_records, read_topic, send_events
+from tests.fixtures.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 COMPLETED = "io.tuneloop.finetune.completed.v1"
@@ -324,90 +319,6 @@ def workers_log_tails(workers: Sequence[WorkerProcess], lines: int = 60) -> str:
     return "\n".join(worker.log_tail(lines) for worker in workers)
 
 
-# --- Kafka --------------------------------------------------------------------------------
-
-
-async def send_events(
-    bootstrap: str,
-    topic: str,
-    events: Sequence[CloudEvent],
-    *,
-    chunk: int = 100,
-    between: Callable[[int], Awaitable[None]] | None = None,
-) -> None:
-    """Produce *events* in order (acks=all, idempotent); await *between(sent)* every *chunk*.
-
-    A broker that is down makes the producer retry until it is back (the producer's own
-    delivery timeout is raised to 5 minutes), so a suite can restart the broker meanwhile.
-    """
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        request_timeout_ms=30_000,
-        linger_ms=5,
-    )
-    await producer.start()
-    try:
-        for start in range(0, len(events), chunk):
-            pending = []
-            for event in events[start : start + chunk]:
-                record = encode_event(event)
-                pending.append(
-                    await producer.send(
-                        topic, value=record.value, key=record.key, headers=list(record.headers)
-                    )
-                )
-            for delivery in pending:
-                await _delivered(delivery)
-            if between is not None:
-                await between(min(start + chunk, len(events)))
-    finally:
-        await producer.stop()
-
-
-async def _delivered(delivery: Awaitable[Any]) -> None:
-    await asyncio.wait_for(delivery, timeout=300)
-
-
-async def _consume_to_end(bootstrap: str, topic: str) -> list[Any]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions is None:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not assigned:
-            return []
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning(*assigned)
-        ends = await consumer.end_offsets(assigned)
-        messages: list[Any] = []
-        while [tp for tp in assigned if await consumer.position(tp) < ends[tp]]:
-            batches = await consumer.getmany(timeout_ms=1000)
-            for records in batches.values():
-                messages.extend(records)
-        return messages
-    finally:
-        await consumer.stop()
-
-
-async def read_topic(bootstrap: str, topic: str) -> list[CloudEvent]:
-    """Every CloudEvent in *topic*, from the beginning to the end offsets of now."""
-    events: list[CloudEvent] = []
-    for message in await _consume_to_end(bootstrap, topic):
-        record = KafkaRecord(value=message.value, headers=tuple(message.headers), key=message.key)
-        events.extend(decode_record(record, max_event_bytes=50_000_000))
-    return events
-
-
-async def count_records(bootstrap: str, topic: str) -> int:
-    """How many records *topic* holds (undecoded: for the dead-letter topic)."""
-    return len(await _consume_to_end(bootstrap, topic))
-
-
 # --- Kubernetes ---------------------------------------------------------------------------
 
 
@@ -458,30 +369,6 @@ def complete_trainjobs(kubeconfig: Path, namespace: str, names: Iterable[str]) -
 
 
 # --- waiting and counting -----------------------------------------------------------------
-
-
-async def wait_for(
-    condition: Callable[[], Any],
-    *,
-    what: str,
-    timeout: float,
-    interval: float = 1.0,
-    on_timeout: Callable[[], Any] | None = None,
-) -> None:
-    """Poll *condition* (sync or async) until it is true; fail with *what* after *timeout* s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            details = on_timeout() if on_timeout is not None else ""
-            if inspect.isawaitable(details):
-                details = await details
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{details}")
-        await asyncio.sleep(interval)
 
 
 async def diagnosis(
