@@ -26,12 +26,10 @@ Environment:
 
 from __future__ import annotations
 
-import atexit
 import base64
 import contextlib
 import enum
 import fcntl
-import functools
 import os
 import random
 import re
@@ -43,13 +41,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from devservices.processes import ServiceProcess
 from orchestrator.errors import ConfigError
 
 DEFAULT_KAFKA_VERSIONS = ("3.9.2", "3.9.1")
@@ -415,14 +413,6 @@ def free_ports(count: int, *, attempts: int = 200) -> tuple[int, ...]:
             sock.close()
 
 
-def _read_tail(path: Path, lines: int) -> str:
-    if not path.is_file():
-        return f"(no log at {path})"
-    with path.open("rb") as log:
-        kept = deque(log, maxlen=lines)
-    return b"".join(kept).decode(errors="replace")
-
-
 class LocalKafka:
     """A single-node KRaft Kafka broker on 127.0.0.1 with ports picked once, kept across restarts.
 
@@ -455,8 +445,7 @@ class LocalKafka:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.port, self.controller_port = free_ports(2)
-        self._process: subprocess.Popen[bytes] | None = None
-        self._kill_at_exit: Callable[[], None] | None = None
+        self._server = ServiceProcess("the Kafka broker", log_path=self.log_path)
         self._formatted = False
         self._recording_archive: Path | None = None
         self.use_class_archive = use_class_archive
@@ -471,8 +460,7 @@ class LocalKafka:
     @property
     def pid(self) -> int | None:
         """The broker JVM's process id while it runs (the benchmark reads its CPU time)."""
-        process = self._process
-        return process.pid if process is not None and process.poll() is None else None
+        return self._server.pid
 
     @property
     def log_path(self) -> Path:
@@ -489,11 +477,11 @@ class LocalKafka:
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._server.running
 
     def log_tail(self, lines: int = 60) -> str:
         """The last *lines* lines of the broker log, for a failing test's report."""
-        return _read_tail(self.log_path, lines)
+        return self._server.log_tail(lines)
 
     def start(self) -> Self:
         """Format storage on the first start, launch the JVM and wait until it serves metadata.
@@ -515,20 +503,9 @@ class LocalKafka:
             heap=self.heap,
             class_archive=self._class_archive_flags(),
         )
-        with self.log_path.open("ab") as log:
-            log_offset = log.tell()
-            self._process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        # A run that dies without its finalizers must not leave a JVM holding the ports.
-        self._kill_at_exit = functools.partial(_kill_process_group, self._process)
-        atexit.register(self._kill_at_exit)
+        log_offset = self._server.launch(command)
         try:
-            self._wait_until_ready(log_offset, deadline=started + self.start_timeout)
+            self._wait_until_ready(log_offset, started=started)
         except BaseException:
             self.kill()
             raise
@@ -537,7 +514,9 @@ class LocalKafka:
 
     def stop(self) -> None:
         """Controlled shutdown (SIGTERM); SIGKILL if it has not exited after `stop_timeout`."""
-        self._signal_and_wait(signal.SIGTERM, self.stop_timeout)
+        self._keep_class_archive(
+            complete=self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
+        )
 
     def kill(self) -> None:
         """Crash the broker (SIGKILL to its process group): no controlled shutdown, no flush.
@@ -549,7 +528,8 @@ class LocalKafka:
         "500"}` measured 6.8 s for the whole restart instead of 13.2 s with 9 s) at the risk
         of fencing a live broker that a busy machine starves of CPU for a few seconds.
         """
-        self._signal_and_wait(signal.SIGKILL, self.stop_timeout)
+        self._server.stop(signal.SIGKILL, timeout=self.stop_timeout)
+        self._keep_class_archive(complete=False)
 
     def restart(self, *, graceful: bool = True) -> Self:
         """Stop (or kill) and start again on the same data directory and the same ports."""
@@ -653,55 +633,23 @@ class LocalKafka:
             )
         self._formatted = True
 
-    def _wait_until_ready(self, log_offset: int, *, deadline: float) -> None:
-        process = self._process
-        assert process is not None
-        while True:
-            if process.poll() is not None:
-                raise BrokerStartError(
-                    f"the Kafka broker exited with {process.returncode} while starting; "
-                    f"log {self.log_path}:\n{self.log_tail(40)}"
-                )
+    def _wait_until_ready(self, log_offset: int, *, started: float) -> None:
+        def logged_started() -> bool:
             with self.log_path.open("rb") as log:
                 log.seek(log_offset)
-                if STARTED_MESSAGE in log.read():
-                    break
-            if time.monotonic() > deadline:
-                raise BrokerStartError(
-                    f"the Kafka broker did not log {STARTED_MESSAGE.decode()!r} within "
-                    f"{self.start_timeout:.0f} s; log {self.log_path}:\n{self.log_tail(40)}"
-                )
-            time.sleep(0.2)
+                return STARTED_MESSAGE in log.read()
+
+        self._server.wait_until_ready(
+            logged_started,
+            awaited=f"log {STARTED_MESSAGE.decode()!r}",
+            started=started,
+            timeout=self.start_timeout,
+            poll_seconds=0.2,
+            error=BrokerStartError,
+        )
         # The log line says the broker is up; a metadata round trip proves it serves clients.
+        deadline = started + self.start_timeout
         wait_for_metadata(self.bootstrap, timeout=max(5.0, deadline - time.monotonic()))
-
-    def _signal_and_wait(self, signum: signal.Signals, timeout: float) -> None:
-        process = self._process
-        if process is None:
-            return
-        exited_on_its_own = signum != signal.SIGKILL
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signum)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                exited_on_its_own = False
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        # The JVM may have left children in its group (it normally has none); reap them too.
-        _kill_process_group(process)
-        if self._kill_at_exit is not None:
-            atexit.unregister(self._kill_at_exit)
-            self._kill_at_exit = None
-        self._process = None
-        self._keep_class_archive(complete=exited_on_its_own)
-
-
-def _kill_process_group(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
 
 
 def _remove_abandoned_recordings(folder: Path) -> None:
