@@ -9,25 +9,19 @@ is tests/e2e/test_local_loop.py; the Kubernetes backend runs it in the fault sui
 
 from __future__ import annotations
 
-import asyncio
-import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from faust.contrib.asgi import faust_app_running
 
-from handlers.app import Worker, build_worker
-from handlers.codec import KafkaRecord, decode_record, encode_event
 from orchestrator.clock import SystemClock
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.model import JobPhase, JobResult
-from orchestrator.ledger import DECISION_EVENT_TYPE
-from orchestrator.settings import KafkaSettings, Settings
 from orchestrator.testing import InMemoryBackend
+from tests.fixtures.kafka import TopicFactory
+from tests.fixtures.topics import read_decisions, read_topic, send_events
+from tests.fixtures.waiting import wait_for
+from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -61,71 +55,9 @@ def drift(n: int, *, model: str = "m1", value: float = 0.3) -> CloudEvent:
     )
 
 
-async def send(bootstrap: str, topic: str, events: list[CloudEvent]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for event in events:
-            record = encode_event(event)
-            await producer.send_and_wait(
-                topic, value=record.value, key=record.key, headers=list(record.headers)
-            )
-    finally:
-        await producer.stop()
-
-
-async def read_events(bootstrap: str, topic: str, *, settle: float = 2.0) -> list[CloudEvent]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    found: list[CloudEvent] = []
-    try:
-        while True:
-            batches = await consumer.getmany(timeout_ms=int(settle * 1000))
-            if not batches:
-                return found
-            for records in batches.values():
-                for r in records:
-                    record = KafkaRecord(value=r.value, headers=tuple(r.headers), key=r.key)
-                    found.extend(decode_record(record, max_event_bytes=10_000_000))
-    finally:
-        await consumer.stop()
-
-
-async def until(condition: Callable[[], bool], *, what: str, timeout: float = 60) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture
-def topics(new_topic: Any) -> dict[str, str]:
-    return {name: new_topic(name) for name in ("in", "out", "audit", "dlq")}
-
-
-def make_worker(
-    bootstrap: str, topics: dict[str, str], rules: Path, backend: InMemoryBackend, group: str
-) -> Worker:
-    settings = Settings(
-        kafka=KafkaSettings(
-            bootstrap=bootstrap,
-            topics_in=(topics["in"],),
-            topic_out=topics["out"],
-            topic_audit=topics["audit"],
-            topic_dlq=topics["dlq"],
-            group_id=group,
-            internal_partitions=2,
-        )
-    )
-    return build_worker(
-        settings,
-        rule_paths=[rules],
-        backend=backend,
-        tick_interval=0.2,
-        broker_commit_interval=0.2,
-        topic_replication_factor=1,
-    )
+def topics(new_topic: TopicFactory) -> dict[str, str]:
+    return worker_topics(new_topic, "loop")
 
 
 async def test_qualifying_events_launch_one_job_and_its_completion_is_announced_once(
@@ -134,24 +66,34 @@ async def test_qualifying_events_launch_one_job_and_its_completion_is_announced_
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     backend = InMemoryBackend(SystemClock())
-    worker = make_worker(kafka_bootstrap, topics, rules, backend, f"w-{uuid.uuid4().hex[:8]}")
+    worker = build_test_worker(
+        worker_settings(kafka_bootstrap, topics), rules=rules, backend=backend
+    )
 
-    async with faust_app_running(worker.app, stop_timeout=30):
-        await send(kafka_bootstrap, topics["in"], [drift(1), drift(2, value=0.1), drift(3)])
-        await until(lambda: len(backend.job_names) == 1, what="the launch")
-        await send(kafka_bootstrap, topics["in"], [drift(4), drift(5)])  # cooldown + forbid
+    async def completion_announced() -> bool:
+        out = await read_topic(kafka_bootstrap, topics["out"])
+        return any(e.type.endswith("completed.v1") for e in out)
+
+    async with running(worker):
+        events = [drift(1), drift(2, value=0.1), drift(3)]
+        await send_events(kafka_bootstrap, topics["in"], events)
+        await wait_for(
+            lambda: len(backend.job_names) == 1, what="the launch", timeout=60, interval=0.1
+        )
+        await send_events(kafka_bootstrap, topics["in"], [drift(4), drift(5)])  # cooldown + forbid
         (job,) = backend.job_names
         backend.move(job, JobPhase.RUNNING)
         backend.move(job, JobPhase.SUCCEEDED, result=JobResult(adapter_uri="file:///adapter"))
-        await until(lambda: worker.counts.signals_sent >= 3, what="the observations")
-        out = []
-        for _ in range(100):
-            out = await read_events(kafka_bootstrap, topics["out"], settle=0.5)
-            if any(e.type.endswith("completed.v1") for e in out):
-                break
+        await wait_for(
+            lambda: worker.counts.signals_sent >= 3,
+            what="the observations",
+            timeout=60,
+            interval=0.1,
+        )
+        await wait_for(completion_announced, what="the completion event", timeout=60, interval=0.5)
 
-    audit = await read_events(kafka_bootstrap, topics["audit"])
-    outcomes = [e.data["outcome"] for e in audit if e.type == DECISION_EVENT_TYPE]
+    out = await read_topic(kafka_bootstrap, topics["out"])
+    outcomes = [d["outcome"] for d in await read_decisions(kafka_bootstrap, topics["audit"])]
     assert outcomes.count("launch") == 1
     assert "suppress" in outcomes
     assert backend.launch_calls == 1

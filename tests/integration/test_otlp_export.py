@@ -9,25 +9,24 @@ the wire format, so the test does not trust the exporter about what it sent.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 from aiohttp import web
-from faust.contrib.asgi import faust_app_running
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from handlers.app import build_worker
 from handlers.tracing import tracing_for, tracing_from_environment
 from orchestrator.clock import SystemClock
 from orchestrator.ledger import DecisionRecord, Outcome
-from orchestrator.settings import KafkaSettings, Settings
 from orchestrator.testing import InMemoryBackend
-from tests.e2e.test_worker_loop import RULES, drift, read_events, send
+from tests.e2e.test_worker_loop import RULES, drift
+from tests.fixtures.topics import read_topic, send_events
+from tests.fixtures.waiting import wait_for
+from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PRODUCER_SPAN = "00f067aa0ba902b7"
@@ -141,37 +140,24 @@ async def test_a_worker_on_the_real_broker_exports_a_span_per_decision_in_the_pr
     collector, kafka_bootstrap, new_topic, tmp_path
 ):
     stand_in, endpoint = collector
-    topics = {name: new_topic(name) for name in ("in", "out", "audit", "dlq")}
+    topics = worker_topics(new_topic, "otlp")
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
-    settings = Settings(
-        kafka=KafkaSettings(
-            bootstrap=kafka_bootstrap,
-            topics_in=(topics["in"],),
-            topic_out=topics["out"],
-            topic_audit=topics["audit"],
-            topic_dlq=topics["dlq"],
-            group_id=f"w-{uuid.uuid4().hex[:8]}",
-            internal_partitions=2,
-        )
-    )
     tracing = tracing_for(endpoint)
-    worker = build_worker(
-        settings,
-        rule_paths=[rules],
+    worker = build_test_worker(
+        worker_settings(kafka_bootstrap, topics),
+        rules=rules,
         backend=InMemoryBackend(SystemClock()),
-        tick_interval=0.2,
-        broker_commit_interval=0.2,
-        topic_replication_factor=1,
         tracing=tracing,
     )
     traced = replace(drift(1), extensions={"traceparent": TRACEPARENT})
-    async with faust_app_running(worker.app, stop_timeout=30):
-        await send(kafka_bootstrap, topics["in"], [traced])
-        for _ in range(120):
-            audit = await read_events(kafka_bootstrap, topics["audit"], settle=0.5)
-            if audit:
-                break
+
+    async def audited() -> bool:
+        return bool(await read_topic(kafka_bootstrap, topics["audit"]))
+
+    async with running(worker):
+        await send_events(kafka_bootstrap, topics["in"], [traced])
+        await wait_for(audited, what="a decision on the audit topic", timeout=60, interval=0.5)
         assert await asyncio.to_thread(tracing.flush)
     tracing.shutdown()
 
