@@ -12,7 +12,7 @@ import ipaddress
 import socket
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,7 +20,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiokafka import AIOKafkaProducer
 from cloudevents.core.bindings import http as sdk_http
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent as SdkEvent
@@ -29,16 +28,18 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from cryptography.x509.oid import NameOID
-from faust.contrib.asgi import faust_app_running
 from prometheus_client.parser import text_string_to_metric_families
 
-from handlers.app import Worker, build_worker
-from handlers.codec import KafkaRecord, decode_record
+from handlers.app import Worker
+from handlers.codec import KafkaRecord
 from orchestrator.clock import SystemClock
 from orchestrator.jobs.model import JobPhase, JobRef, TrainingRequest
-from orchestrator.ledger import DECISION_EVENT_TYPE
-from orchestrator.settings import KafkaSettings, Settings, WorkerSettings
+from orchestrator.settings import WorkerSettings
 from orchestrator.testing import InMemoryBackend
+from tests.fixtures.kafka import TopicFactory
+from tests.fixtures.topics import read_decisions, send_records
+from tests.fixtures.waiting import wait_for
+from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -92,17 +93,9 @@ def value(samples: Scrape, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-async def until(condition: Callable[[], Any], *, what: str, timeout: float = 60) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 @pytest.fixture
-def topics(new_topic: Any) -> dict[str, str]:
-    return {name: new_topic(name) for name in ("in", "out", "audit", "dlq")}
+def topics(new_topic: TopicFactory) -> dict[str, str]:
+    return worker_topics(new_topic, "web")
 
 
 @asynccontextmanager
@@ -115,48 +108,18 @@ async def running_worker(
     **web: Any,
 ) -> AsyncIterator[tuple[Worker, InMemoryBackend]]:
     backend = backend or InMemoryBackend(SystemClock())
-    settings = Settings(
-        worker=WorkerSettings(web_port=0, **web),
-        kafka=KafkaSettings(
-            bootstrap=bootstrap,
-            topics_in=(topics["in"],),
-            topic_out=topics["out"],
-            topic_audit=topics["audit"],
-            topic_dlq=topics["dlq"],
-            group_id=f"web-{uuid.uuid4().hex[:8]}",
-            internal_partitions=2,
-        ),
-    )
-    worker = build_worker(
-        settings,
-        rule_paths=[rules],
+    worker = build_test_worker(
+        worker_settings(bootstrap, topics, worker=WorkerSettings(web_port=0, **web)),
+        rules=rules,
         backend=backend,
-        tick_interval=0.2,
         reload_interval=0.2,
-        broker_commit_interval=0.2,
-        topic_replication_factor=1,
     )
-    async with faust_app_running(worker.app, stop_timeout=30):
+    async with running(worker):
         yield worker, backend
 
 
 async def audited_event_ids(bootstrap: str, topic: str) -> set[str]:
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    ids: set[str] = set()
-    try:
-        batches = await consumer.getmany(timeout_ms=1500)
-        for records in batches.values():
-            for r in records:
-                record = KafkaRecord(value=r.value, headers=tuple(r.headers), key=r.key)
-                for event in decode_record(record, max_event_bytes=10_000_000):
-                    if event.type == DECISION_EVENT_TYPE:
-                        ids.update(event.data["event_ids"])
-    finally:
-        await consumer.stop()
-    return ids
+    return {i for decision in await read_decisions(bootstrap, topic) for i in decision["event_ids"]}
 
 
 @pytest.fixture
@@ -180,26 +143,23 @@ async def test_metrics_scraped_from_a_running_worker_move_as_events_arrive(
             async with http.get(f"{url}/readyz") as response:
                 return response.status == 200
 
-        await until(ready, what="/readyz")
+        await wait_for(ready, what="/readyz", timeout=60, interval=0.2)
         async with http.get(f"{url}/healthz") as response:
             assert response.status == 200
         before = await scrape(http, url)
         assert value(before, "tuneloop_decisions_total", rule=RULE, outcome="launch") == 0
         assert value(before, "tuneloop_launch_latency_seconds_count") == 0
 
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-        await producer.start()
-        try:
-            for n in (1, 2):
-                message = sdk_http.to_binary_event(drift_event(f"metrics-{n}"))
-                headers = [
-                    (name.replace("ce-", "ce_", 1).lower(), text.encode())
-                    for name, text in message.headers.items()
-                ]
-                await producer.send_and_wait(topics["in"], message.body, headers=headers)
-            await producer.send_and_wait(topics["in"], b"not an event")
-        finally:
-            await producer.stop()
+        records = []
+        for n in (1, 2):
+            message = sdk_http.to_binary_event(drift_event(f"metrics-{n}"))
+            headers = tuple(
+                (name.replace("ce-", "ce_", 1).lower(), text.encode())
+                for name, text in message.headers.items()
+            )
+            records.append(KafkaRecord(value=message.body, headers=headers))
+        records.append(KafkaRecord(value=b"not an event"))
+        await send_records(kafka_bootstrap, topics["in"], records)
 
         async def launched_and_dead_lettered() -> bool:
             now = await scrape(http, url)
@@ -208,7 +168,12 @@ async def test_metrics_scraped_from_a_running_worker_move_as_events_arrive(
                 and value(now, "tuneloop_dead_letters_total", code="record.not_cloudevent") == 1
             )
 
-        await until(launched_and_dead_lettered, what="the launch and the dead letter")
+        await wait_for(
+            launched_and_dead_lettered,
+            what="the launch and the dead letter",
+            timeout=60,
+            interval=0.2,
+        )
         after = await scrape(http, url)
         assert value(after, "tuneloop_decisions_total", rule=RULE, outcome="accumulate") == 1
         assert value(after, "tuneloop_intake_received_total") == 3
@@ -227,7 +192,7 @@ async def test_metrics_scraped_from_a_running_worker_move_as_events_arrive(
         async def running() -> bool:
             return value(await scrape(http, url), "tuneloop_jobs", phase="Running") == 1
 
-        await until(running, what="the job's phase in /metrics")
+        await wait_for(running, what="the job's phase in /metrics", timeout=60, interval=0.2)
 
         async def lag_measured() -> bool:
             now = await scrape(http, url)
@@ -236,7 +201,7 @@ async def test_metrics_scraped_from_a_running_worker_move_as_events_arrive(
                 frozenset({("topic", topics["in"]), ("partition", "0")}),
             ) in now
 
-        await until(lag_measured, what="the input partition's lag")
+        await wait_for(lag_measured, what="the input partition's lag", timeout=60, interval=0.2)
 
         rules.write_text("rules: [this is not a rule]\n")
 
@@ -244,14 +209,14 @@ async def test_metrics_scraped_from_a_running_worker_move_as_events_arrive(
             now = await scrape(http, url)
             return value(now, "tuneloop_rule_reloads_total", result="rejected") == 1
 
-        await until(reload_rejected, what="the rejected reload")
+        await wait_for(reload_rejected, what="the rejected reload", timeout=60, interval=0.2)
         rules.write_text(RULES.replace("count: 2", "count: 3"))
 
         async def reload_applied() -> bool:
             now = await scrape(http, url)
             return value(now, "tuneloop_rule_reloads_total", result="applied") == 1
 
-        await until(reload_applied, what="the applied reload")
+        await wait_for(reload_applied, what="the applied reload", timeout=60, interval=0.2)
         async with http.get(f"{url}/healthz") as response:
             assert response.status == 200
 
@@ -336,7 +301,7 @@ async def test_events_posted_over_http_reach_a_decision_and_invalid_ones_are_ref
             ids = await audited_event_ids(kafka_bootstrap, topics["audit"])
             return {"http-binary", "http-structured", "http-batch-1", "http-batch-2"} <= ids
 
-        await until(decided, what="decisions on the audit topic")
+        await wait_for(decided, what="decisions on the audit topic", timeout=60, interval=0.2)
         # Four records were written (the batch is one); none of the refused ones.
         assert worker.intake.stats.received == 4
         assert worker.intake.stats.unrouted == 1
@@ -418,7 +383,7 @@ async def test_healthz_fails_when_the_consumer_commits_nothing_while_records_wai
             return (await healthz())[0] == 503
 
         try:
-            await until(stuck, what="/healthz to fail", timeout=30)
+            await wait_for(stuck, what="/healthz to fail", timeout=30, interval=0.2)
             status, body = await healthz()
             assert status == 503
             assert "consumer committed nothing" in body["problems"][0]
