@@ -21,24 +21,17 @@ import asyncio
 import json
 import string
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from faust.contrib.asgi import faust_app_running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka import KafkaAdminClient
 
-from handlers.app import build_worker
-from handlers.codec import KafkaRecord, decode_record
+from handlers.codec import KafkaRecord
 from handlers.dead_letters import read_reason
 from orchestrator.clock import FixedClock
-from orchestrator.ledger import DECISION_EVENT_TYPE
-from orchestrator.settings import KafkaSettings, Settings
 from orchestrator.testing import InMemoryBackend
 from orchestrator.vocabulary.rejections import Rejection
 from tests.corpus.bad_records import (
@@ -52,6 +45,9 @@ from tests.corpus.bad_records import (
     good_records,
 )
 from tests.fixtures.kafka import TopicFactory
+from tests.fixtures.topics import read_decisions, read_records, send_records
+from tests.fixtures.waiting import wait_for
+from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -213,39 +209,6 @@ def malformed_inputs() -> list[Malformed]:
     return corpus + generate_fuzz(FUZZ_EXAMPLES)
 
 
-async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, Headers]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=4 * LIMIT)
-    await producer.start()
-    try:
-        for index, (value, headers) in enumerate(records):
-            # one partition for all, so that offsets name the records in sending order
-            key = f"k{index}".encode() if value is None else None
-            await producer.send(topic, value=value, headers=list(headers), key=key, partition=0)
-        await producer.flush()
-    finally:
-        await producer.stop()
-
-
-async def read_topic(bootstrap: str, topic: str, *, settle: float = 2.0) -> list[Any]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        fetch_max_bytes=8 * LIMIT,
-        max_partition_fetch_bytes=8 * LIMIT,
-    )
-    await consumer.start()
-    found: list[Any] = []
-    try:
-        while batches := await consumer.getmany(timeout_ms=int(settle * 1000)):
-            for records in batches.values():
-                found.extend(records)
-    finally:
-        await consumer.stop()
-    return found
-
-
 def committed(bootstrap: str, group: str, topic: str) -> int:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
@@ -265,18 +228,10 @@ async def wait_committed(bootstrap: str, group: str, topic: str, end: int) -> in
     return offset
 
 
-async def until(condition: Callable[[], bool], *, what: str, timeout: float = 90) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_hundreds_of_malformed_records_go_to_the_dlq_and_the_good_ones_are_decided(
     kafka_bootstrap: str, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
-    topics = {name: new_topic(f"bad-{name}") for name in ("in", "out", "audit", "dlq")}
+    topics = worker_topics(new_topic, "bad")
     group = f"bad-{uuid.uuid4().hex[:8]}"
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
@@ -294,48 +249,39 @@ async def test_hundreds_of_malformed_records_go_to_the_dlq_and_the_good_ones_are
             records.append(good.pop(0))
     records.extend(good)
 
-    settings_ = Settings(
-        kafka=KafkaSettings(
-            bootstrap=kafka_bootstrap,
-            topics_in=(topics["in"],),
-            topic_out=topics["out"],
-            topic_audit=topics["audit"],
-            topic_dlq=topics["dlq"],
-            group_id=group,
-            internal_partitions=2,
-            max_event_bytes=LIMIT,
-        )
-    )
-    worker = build_worker(
-        settings_,
-        rule_paths=[rules],
+    worker = build_test_worker(
+        worker_settings(kafka_bootstrap, topics, group=group, max_event_bytes=LIMIT),
+        rules=rules,
         backend=InMemoryBackend(FixedClock(NOW)),
         clock=FixedClock(NOW),
         tick_interval=0.5,
-        broker_commit_interval=0.2,
-        topic_replication_factor=1,
         producer_max_request_size=4 * LIMIT,
     )
     stats = worker.intake.stats
-    await produce(kafka_bootstrap, topics["in"], records)
-    async with faust_app_running(worker.app, stop_timeout=30):
-        await until(
+    # one partition for all, so that offsets name the records in sending order; a record
+    # without a value gets a key, as Kafka wants one of the two
+    await send_records(
+        kafka_bootstrap,
+        topics["in"],
+        [
+            KafkaRecord(
+                value=value, headers=headers, key=None if value is not None else f"k{n}".encode()
+            )
+            for n, (value, headers) in enumerate(records)
+        ],
+        partition=0,
+    )
+    async with running(worker):
+        await wait_for(
             lambda: stats.received == len(records) and stats.handled == GOOD_COUNT,
             what=f"every record to have an outcome ({stats})",
+            timeout=90,
+            interval=0.1,
         )
         committed_offset = await wait_committed(kafka_bootstrap, group, topics["in"], len(records))
         crash = worker.app._crash_reason
-    letters = await read_topic(kafka_bootstrap, topics["dlq"])
-    audit = await read_topic(kafka_bootstrap, topics["audit"])
-
-    decisions = []
-    for record in audit:
-        raw = KafkaRecord(value=record.value, headers=tuple(record.headers), key=record.key)
-        decisions += [
-            e.data
-            for e in decode_record(raw, max_event_bytes=LIMIT)
-            if e.type == DECISION_EVENT_TYPE
-        ]
+    letters = await read_records(kafka_bootstrap, topics["dlq"])
+    decisions = await read_decisions(kafka_bootstrap, topics["audit"])
     decided_ids = [event_id for d in decisions for event_id in d["event_ids"]]
     reasons = [read_reason(letter.headers) for letter in letters]
     by_offset = {
