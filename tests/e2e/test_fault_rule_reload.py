@@ -16,26 +16,26 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from faust.contrib.asgi import faust_app_running
+from aiokafka import AIOKafkaProducer
 from structlog.testing import capture_logs
 
-from handlers.app import Worker, build_worker
-from handlers.codec import KafkaRecord, decode_record, encode_event
+from handlers.app import Worker
+from handlers.codec import encode_event
 from orchestrator.clock import SystemClock
 from orchestrator.events import CloudEvent
-from orchestrator.ledger import DECISION_EVENT_TYPE
 from orchestrator.rules import loading
 from orchestrator.rules.parsing import RuleFileError
-from orchestrator.settings import KafkaSettings, Settings
 from orchestrator.testing import InMemoryBackend
 from tests.fixtures.kafka import TopicFactory
+from tests.fixtures.topics import read_decisions
+from tests.fixtures.waiting import wait_for
+from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -44,6 +44,8 @@ EVENTS_PER_PHASE = 60
 RATE = 100.0
 """Events per second the producer sends while the files change."""
 KEYS = ("m0", "m1", "m2", "m3")
+POLL = 0.05
+"""Seconds between looks at the worker: a version's mark is set as soon as it takes effect."""
 
 
 def rules_text(
@@ -112,14 +114,6 @@ def replace_atomically(path: Path, text: str) -> None:
     os.replace(staging, path)
 
 
-async def until(condition: Callable[[], bool], *, what: str, timeout: float = 60) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 class Stream:
     """Sends drift events at a steady rate; remembers which were sent after which mark."""
 
@@ -142,55 +136,20 @@ class Stream:
         self.marks[name] = self.sent
 
 
-async def read_decisions(bootstrap: str, topic: str, expected: int) -> list[dict[str, Any]]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    found: list[dict[str, Any]] = []
-    try:
-        deadline = asyncio.get_running_loop().time() + 60
-        while asyncio.get_running_loop().time() < deadline:
-            batches = await consumer.getmany(timeout_ms=1000)
-            if not batches and len(found) >= expected:
-                break
-            for records in batches.values():
-                for r in records:
-                    raw = KafkaRecord(value=r.value, headers=tuple(r.headers), key=r.key)
-                    for event in decode_record(raw, max_event_bytes=10_000_000):
-                        if event.type == DECISION_EVENT_TYPE and isinstance(event.data, dict):
-                            found.append(event.data)
-    finally:
-        await consumer.stop()
-    return found
-
-
 def make_worker(bootstrap: str, topics: dict[str, str], rules: Path) -> Worker:
-    settings = Settings(
-        kafka=KafkaSettings(
-            bootstrap=bootstrap,
-            topics_in=(topics["in"],),
-            topic_out=topics["out"],
-            topic_audit=topics["audit"],
-            topic_dlq=topics["dlq"],
-            group_id=f"reload-{uuid.uuid4().hex[:8]}",
-            internal_partitions=2,
-        )
-    )
-    return build_worker(
-        settings,
-        rule_paths=[rules],
+    return build_test_worker(
+        worker_settings(bootstrap, topics),
+        rules=rules,
         backend=InMemoryBackend(SystemClock()),
         tick_interval=0.5,
         reload_interval=RELOAD_INTERVAL,
-        broker_commit_interval=0.2,
-        topic_replication_factor=1,
     )
 
 
 async def test_a_valid_rule_file_takes_effect_mid_stream_and_invalid_ones_never_do(
     kafka_bootstrap: str, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
-    topics = {name: new_topic(f"reload-{name}", partitions=2) for name in ("in", "audit")}
-    topics |= {name: new_topic(f"reload-{name}") for name in ("out", "dlq")}
+    topics = worker_topics(new_topic, "reload", partitions={"in": 2, "audit": 2})
     versions = {name: version_of(text, tmp_path) for name, text in (("v1", V1), ("v2", V2))}
     versions["v3"] = version_of(V3, tmp_path)
     for name, text in INVALID.items():  # each really is invalid
@@ -214,11 +173,16 @@ async def test_a_valid_rule_file_takes_effect_mid_stream_and_invalid_ones_never_
         # The reloader's log lines are how the test knows it read each file (structlog's
         # capture, as STYLE.md says tests assert on logs).
         with capture_logs() as logs:
-            async with faust_app_running(app, stop_timeout=30):
+            async with running(worker):
                 await stream.send(EVENTS_PER_PHASE)
                 replace_atomically(rules, V2)
                 sending = asyncio.ensure_future(stream.send(EVENTS_PER_PHASE))
-                await until(lambda: in_force() == versions["v2"], what="v2 to take effect")
+                await wait_for(
+                    lambda: in_force() == versions["v2"],
+                    what="v2 to take effect",
+                    timeout=60,
+                    interval=POLL,
+                )
                 stream.mark("v2")
                 await sending
                 for name, text in INVALID.items():
@@ -228,29 +192,40 @@ async def test_a_valid_rule_file_takes_effect_mid_stream_and_invalid_ones_never_
                     else:
                         replace_atomically(rules, text)
                     # Counted, not slept for: the reloader has read this file and said no...
-                    await until(
+                    await wait_for(
                         lambda before=rejected: rejections(logs) > before,
                         what=f"the reloader to reject the {name} file",
+                        timeout=60,
+                        interval=POLL,
                     )
                     # ...and the worker has decided every event sent after that.
                     await stream.send(EVENTS_PER_PHASE // len(INVALID))
-                    await until(
+                    await wait_for(
                         lambda: stats.handled == stream.sent,
                         what=f"the events sent after the {name} file to be decided",
+                        timeout=60,
+                        interval=POLL,
                     )
                     assert in_force() == versions["v2"], f"invalid file {name} took effect"
                 replace_atomically(rules, V3)
-                await until(lambda: in_force() == versions["v3"], what="v3 to take effect")
+                await wait_for(
+                    lambda: in_force() == versions["v3"],
+                    what="v3 to take effect",
+                    timeout=60,
+                    interval=POLL,
+                )
                 stream.mark("v3")
                 await stream.send(EVENTS_PER_PHASE)
-                await until(
+                await wait_for(
                     lambda: stats.handled == stream.sent,
                     what=f"every event to be handled ({stats.handled}/{stream.sent})",
+                    timeout=60,
+                    interval=POLL,
                 )
                 crash = app._crash_reason
     finally:
         await producer.stop()
-    decisions = await read_decisions(kafka_bootstrap, topics["audit"], stream.sent)
+    decisions = await read_decisions(kafka_bootstrap, topics["audit"])
 
     by_event: dict[str, list[dict[str, Any]]] = {}
     for decision in decisions:
