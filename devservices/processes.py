@@ -4,18 +4,20 @@ Who calls it: the local services that run one server process each, `kafka.LocalK
 `object_storage.LocalObjectStorage` and `serving.LocalVllmServer`. Each keeps what is its own
 (the command line, the readiness probe, its error type, what a restart keeps) and hands the
 process itself to a `ServiceProcess`, so that every one of them is started, awaited and
-stopped the same way:
+stopped the same way; each is a `LocalServer`, so that `with server:` starts and stops it.
 
 - the process runs in a session of its own, so that a signal reaches its whole tree (vLLM's
   engine core and worker, a JVM's helpers) and Ctrl-C in a terminal reaches only us;
 - its stdout and stderr are appended to one log file, kept across restarts;
 - a run that ends without its finalizers still kills the group (`atexit`), so that no server
   outlives the test session holding its ports;
+- a start that fails kills the group, so that it leaves nothing running;
 - `stop()` sends SIGTERM, then SIGKILL to the group after a timeout, and reaps the group.
 """
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
 import functools
@@ -26,9 +28,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 LOG_TAIL_LINES = 40
 """How much of a log a start-up error carries: enough for a JVM's or Python's stack trace."""
+
+_REAP_SECONDS = 10.0
+"""How long a failed start waits for its SIGKILLed group before signalling it again."""
 
 
 def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -102,11 +109,34 @@ class ServiceProcess:
 
         Raises:
             error: the process exited, or *ready* stayed false past the deadline; the
-                message carries the log's tail.
+                message carries the log's tail. The group is killed first, as on any
+                exception (Ctrl-C included), so that a failed start leaves nothing running.
         """
+        try:
+            self._poll_until_ready(
+                ready,
+                awaited=awaited,
+                deadline=started + timeout,
+                timeout=timeout,
+                poll_seconds=poll_seconds,
+                error=error,
+            )
+        except BaseException:
+            self.stop(signal.SIGKILL, timeout=_REAP_SECONDS)
+            raise
+
+    def _poll_until_ready(
+        self,
+        ready: Callable[[], bool],
+        *,
+        awaited: str,
+        deadline: float,
+        timeout: float,
+        poll_seconds: float,
+        error: type[Exception],
+    ) -> None:
         popen = self._popen
         assert popen is not None, "wait_until_ready() before launch()"
-        deadline = started + timeout
         while True:
             if popen.poll() is not None:
                 raise error(
@@ -159,3 +189,26 @@ class ServiceProcess:
 def _kill_group(popen: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(popen.pid, signal.SIGKILL)
+
+
+class LocalServer(abc.ABC):
+    """A local service that `with` starts and stops, whatever the block raises."""
+
+    @abc.abstractmethod
+    def start(self) -> Self:
+        """Start the service and return it once it serves."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the service; a no-op when it is not running."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
