@@ -37,11 +37,10 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from devservices.kafka import cache_root, free_ports
-from devservices.processes import LOG_TAIL_LINES, ServiceProcess
+from devservices.processes import LOG_TAIL_LINES, LocalServer, ServiceProcess
 from orchestrator.errors import ConfigError
 
 DEFAULT_S3PROXY_VERSION = "4.1.0"
@@ -158,7 +157,7 @@ def _java_executable() -> str:
     return _require_tool("java", "run the local S3 server (OpenJDK 17 or newer)")
 
 
-class LocalObjectStorage:
+class LocalObjectStorage(LocalServer):
     """One s3proxy process on 127.0.0.1, its buckets folders under `work_dir/data`.
 
     `stop()` then `start()` keeps the port and the objects: that is how the tests make an
@@ -232,35 +231,20 @@ class LocalObjectStorage:
         self._server.launch(
             server_command(java=_java_executable(), jar=self.jar, properties=properties)
         )
-        try:
-            self._server.wait_until_ready(
-                lambda: answers_http(self.endpoint_url),
-                awaited=f"answer on {self.endpoint_url}",
-                started=started,
-                timeout=self.start_timeout,
-                poll_seconds=0.2,
-                error=ObjectStorageStartError,
-            )
-        except BaseException:
-            self._server.stop(signal.SIGKILL, timeout=self.stop_timeout)
-            raise
+        self._server.wait_until_ready(
+            lambda: answers_http(self.endpoint_url),
+            awaited=f"answer on {self.endpoint_url}",
+            started=started,
+            timeout=self.start_timeout,
+            poll_seconds=0.2,
+            error=ObjectStorageStartError,
+        )
         self.last_start_seconds = time.monotonic() - started
         return self
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after `stop_timeout`; a no-op when not running."""
         self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
