@@ -44,10 +44,9 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
-from devservices.processes import ServiceProcess
+from devservices.processes import LocalServer, ServiceProcess
 from orchestrator.errors import ConfigError
 
 DEFAULT_KAFKA_VERSIONS = ("3.9.2", "3.9.1")
@@ -413,7 +412,7 @@ def free_ports(count: int, *, attempts: int = 200) -> tuple[int, ...]:
             sock.close()
 
 
-class LocalKafka:
+class LocalKafka(LocalServer):
     """A single-node KRaft Kafka broker on 127.0.0.1 with ports picked once, kept across restarts.
 
     ```python
@@ -538,17 +537,6 @@ class LocalKafka:
         else:
             self.kill()
         return self.start()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
