@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from devservices.processes import ServiceProcess, read_log_tail
+from devservices.processes import LocalServer, ServiceProcess, read_log_tail
 
 
 class SketchStartError(RuntimeError):
@@ -56,14 +56,16 @@ def test_a_process_that_exits_while_starting_raises_the_services_error_with_its_
     message = str(raised.value)
     assert message.startswith("the sketch server exited with 3 while starting")
     assert "port already taken" in message
-    server.stop(timeout=5)
+    assert not server.running
 
 
-def test_a_process_that_never_gets_ready_raises_once_the_timeout_has_passed(
+def test_a_process_that_never_gets_ready_raises_once_the_timeout_has_passed_and_is_killed(
     tmp_path: Path,
 ) -> None:
     server = ServiceProcess("the sketch server", log_path=tmp_path / "server.log")
     server.launch(["sleep", "30"])
+    pid = server.pid
+    assert pid is not None
 
     with pytest.raises(SketchStartError, match=r"did not answer on port 1 within 0 s"):
         server.wait_until_ready(
@@ -74,9 +76,8 @@ def test_a_process_that_never_gets_ready_raises_once_the_timeout_has_passed(
             poll_seconds=0.05,
             error=SketchStartError,
         )
-    assert server.running
-    server.stop(signal.SIGKILL, timeout=5)
     assert not server.running
+    assert not _alive(pid)
 
 
 def test_readiness_returns_as_soon_as_the_probe_says_so(tmp_path: Path) -> None:
@@ -161,3 +162,30 @@ def test_a_log_tail_is_the_last_lines_and_names_a_missing_log(tmp_path: Path) ->
 
     assert read_log_tail(log, 2) == "two\nthree\n"
     assert read_log_tail(tmp_path / "absent.log") == f"(no log at {tmp_path / 'absent.log'})"
+
+
+class SketchServer(LocalServer):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start(self) -> SketchServer:
+        self.calls.append("start")
+        return self
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+
+def _fail_inside(server: SketchServer) -> None:
+    with server as entered:
+        assert entered is server
+        raise KeyError("the test failed")
+
+
+def test_a_local_server_is_stopped_when_its_with_block_raises() -> None:
+    server = SketchServer()
+
+    with pytest.raises(KeyError):
+        _fail_inside(server)
+
+    assert server.calls == ["start", "stop"]
