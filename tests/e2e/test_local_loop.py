@@ -9,21 +9,18 @@ difference from `tuneloop run --backend local` is that the worker runs in the te
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from faust.contrib.asgi import faust_app_running
 
-from handlers.app import build_worker
-from orchestrator.clock import SystemClock
 from orchestrator.events import CloudEvent
-from orchestrator.ledger import DECISION_EVENT_TYPE
-from orchestrator.settings import KafkaSettings, Settings
 from runtimes.localprocess.backend import LocalProcessBackend
-from tests.e2e.harness import COMPLETED, read_topic, send_events, wait_for
+from tests.e2e.harness import COMPLETED
+from tests.fixtures.kafka import TopicFactory
+from tests.fixtures.topics import read_decisions, read_topic, send_events
+from tests.fixtures.waiting import wait_for
+from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.training, pytest.mark.timeout(240)]
 
@@ -63,8 +60,8 @@ def drift(n: int, *, value: float) -> CloudEvent:
 
 
 @pytest.fixture
-def topics(new_topic: Any) -> dict[str, str]:
-    return {name: new_topic(f"local-{name}") for name in ("in", "out", "audit", "dlq")}
+def topics(new_topic: TopicFactory) -> dict[str, str]:
+    return worker_topics(new_topic, "local")
 
 
 async def test_two_alarms_train_a_real_adapter_and_announce_it_once_with_its_causes(
@@ -77,17 +74,6 @@ async def test_two_alarms_train_a_real_adapter_and_announce_it_once_with_its_cau
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES.format(dataset=reverse_dataset))
     jobs = tmp_path / "jobs"
-    settings = Settings(
-        kafka=KafkaSettings(
-            bootstrap=kafka_bootstrap,
-            topics_in=(topics["in"],),
-            topic_out=topics["out"],
-            topic_audit=topics["audit"],
-            topic_dlq=topics["dlq"],
-            group_id=f"local-{uuid.uuid4().hex[:8]}",
-            internal_partitions=2,
-        )
-    )
     events = [
         drift(1, value=0.31),
         drift(2, value=0.05),  # below threshold: not counted
@@ -101,23 +87,16 @@ async def test_two_alarms_train_a_real_adapter_and_announce_it_once_with_its_cau
         return [e for e in out if e.type in (COMPLETED, FAILED)]
 
     async def decided_last() -> bool:
-        audit = await read_topic(kafka_bootstrap, topics["audit"])
-        decided = {i for e in audit if e.type == DECISION_EVENT_TYPE for i in e.data["event_ids"]}
-        return events[-1].id in decided
+        decisions = await read_decisions(kafka_bootstrap, topics["audit"])
+        return events[-1].id in {i for d in decisions for i in d["event_ids"]}
 
     async with LocalProcessBackend(
         jobs, poll_interval=0.2, trainer_overrides={"cpu_threads": 1}
     ) as backend:
-        worker = build_worker(
-            settings,
-            rule_paths=[rules],
-            backend=backend,
-            clock=SystemClock(),
-            tick_interval=0.2,
-            broker_commit_interval=0.2,
-            topic_replication_factor=1,
+        worker = build_test_worker(
+            worker_settings(kafka_bootstrap, topics), rules=rules, backend=backend
         )
-        async with faust_app_running(worker.app, stop_timeout=30):
+        async with running(worker):
             await send_events(kafka_bootstrap, topics["in"], events)
             await wait_for(announced, what="the job's end on the output topic", timeout=180)
             await wait_for(decided_last, what="the last alarm's decision", timeout=30)
@@ -125,8 +104,7 @@ async def test_two_alarms_train_a_real_adapter_and_announce_it_once_with_its_cau
 
     assert crash is None, crash
     out = await read_topic(kafka_bootstrap, topics["out"])
-    audit = await read_topic(kafka_bootstrap, topics["audit"])
-    decisions = [e.data for e in audit if e.type == DECISION_EVENT_TYPE]
+    decisions = await read_decisions(kafka_bootstrap, topics["audit"])
     outcomes = [d["outcome"] for d in decisions if d["outcome"] != "ignore"]
     assert outcomes == ["accumulate", "launch", "accumulate", "suppress"], outcomes
     # The alarm below threshold was not counted, and its why-not record says so.
