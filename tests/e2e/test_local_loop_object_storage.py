@@ -10,23 +10,21 @@ as a Secret would give them to a pod; the rule file names none of them.
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from faust.contrib.asgi import faust_app_running
 
 from devservices.object_storage import ObjectStorageEndpoint
-from handlers.app import build_worker
-from orchestrator.clock import SystemClock
 from orchestrator.events import CloudEvent
-from orchestrator.settings import KafkaSettings, Settings
 from runtimes.localprocess.backend import LocalProcessBackend
 from runtimes.storage import StorageSettings, adapter_exists, parse_location, read_manifest
 from runtimes.storage.filesystems import filesystem_for
-from tests.e2e.harness import COMPLETED, read_topic, send_events, wait_for
+from tests.e2e.harness import COMPLETED
+from tests.fixtures.kafka import TopicFactory
+from tests.fixtures.topics import read_topic, send_events
+from tests.fixtures.waiting import wait_for
+from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
 
 pytestmark = [
     pytest.mark.kafka,
@@ -68,8 +66,8 @@ def drift(n: int) -> CloudEvent:
 
 
 @pytest.fixture
-def topics(new_topic: Any) -> dict[str, str]:
-    return {name: new_topic(f"local-s3-{name}") for name in ("in", "out", "audit", "dlq")}
+def topics(new_topic: TopicFactory) -> dict[str, str]:
+    return worker_topics(new_topic, "local-s3")
 
 
 async def test_an_adapter_trained_from_s3_is_published_there_and_announced_by_its_location(
@@ -89,17 +87,6 @@ async def test_an_adapter_trained_from_s3_is_published_there_and_announced_by_it
     adapters = f"{s3_prefix}/adapters"
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES.format(dataset=dataset, adapters=adapters))
-    settings = Settings(
-        kafka=KafkaSettings(
-            bootstrap=kafka_bootstrap,
-            topics_in=(topics["in"],),
-            topic_out=topics["out"],
-            topic_audit=topics["audit"],
-            topic_dlq=topics["dlq"],
-            group_id=f"local-s3-{uuid.uuid4().hex[:8]}",
-            internal_partitions=2,
-        )
-    )
     store_environment = {
         "TUNELOOP_S3_ENDPOINT_URL": object_storage.endpoint_url,
         "AWS_REGION": object_storage.region,
@@ -117,16 +104,10 @@ async def test_an_adapter_trained_from_s3_is_published_there_and_announced_by_it
         trainer_overrides={"cpu_threads": 1},
         environment=store_environment,
     ) as backend:
-        worker = build_worker(
-            settings,
-            rule_paths=[rules],
-            backend=backend,
-            clock=SystemClock(),
-            tick_interval=0.2,
-            broker_commit_interval=0.2,
-            topic_replication_factor=1,
+        worker = build_test_worker(
+            worker_settings(kafka_bootstrap, topics), rules=rules, backend=backend
         )
-        async with faust_app_running(worker.app, stop_timeout=30):
+        async with running(worker):
             await send_events(kafka_bootstrap, topics["in"], [drift(1), drift(2)])
             await wait_for(announced, what="the job's end on the output topic", timeout=180)
             crash = worker.app._crash_reason
