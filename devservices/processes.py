@@ -4,7 +4,8 @@ Who calls it: the local services that run one server process each, `kafka.LocalK
 `object_storage.LocalObjectStorage` and `serving.LocalVllmServer`. Each keeps what is its own
 (the command line, the readiness probe, its error type, what a restart keeps) and hands the
 process itself to a `ServiceProcess`, so that every one of them is started, awaited and
-stopped the same way; each is a `LocalServer`, so that `with server:` starts and stops it.
+stopped the same way; each is a `LocalServer`, so that `with server:` starts and stops it,
+and `serve_until_interrupted()` is its `python -m devservices.<service> run`.
 
 - the process runs in a session of its own, so that a signal reaches its whole tree (vLLM's
   engine core and worker, a JVM's helpers) and Ctrl-C in a terminal reaches only us;
@@ -22,14 +23,17 @@ import atexit
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 LOG_TAIL_LINES = 40
 """How much of a log a start-up error carries: enough for a JVM's or Python's stack trace."""
@@ -202,6 +206,15 @@ class LocalServer(abc.ABC):
     def stop(self) -> None:
         """Stop the service; a no-op when it is not running."""
 
+    @property
+    @abc.abstractmethod
+    def running(self) -> bool:
+        """Whether its process is alive now."""
+
+    @abc.abstractmethod
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last *lines* lines of its log."""
+
     def __enter__(self) -> Self:
         return self.start()
 
@@ -212,3 +225,42 @@ class LocalServer(abc.ABC):
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+Server = TypeVar("Server", bound=LocalServer)
+
+
+def serve_until_interrupted(
+    make: Callable[[Path], Server],
+    *,
+    work_dir_prefix: str,
+    announce: Callable[[Server], None],
+    say: Callable[[str], None],
+    what: str,
+) -> int:
+    """Run one server in a fresh temporary work directory until Ctrl-C or SIGTERM.
+
+    Args:
+        make: builds the server on the work directory (and may prepare it first).
+        work_dir_prefix: the temporary directory's prefix; it is removed at the end.
+        announce: called once the server serves (the `export ...` lines to copy).
+        say: where the exit report goes.
+        what: names the server in that report ("s3proxy").
+
+    Returns:
+        0 when interrupted, 1 when the server exited on its own.
+    """
+    work_dir = Path(tempfile.mkdtemp(prefix=work_dir_prefix))
+    # SIGTERM unwinds like Ctrl-C, so the server is stopped by the `with` below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        with make(work_dir) as server:
+            announce(server)
+            while server.running:
+                time.sleep(1)
+            say(f"{what} exited on its own; its log ends:\n{server.log_tail(LOG_TAIL_LINES)}")
+            return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
