@@ -40,7 +40,12 @@ from pathlib import Path
 from typing import Self
 
 from devservices.kafka import cache_root, free_ports
-from devservices.processes import LOG_TAIL_LINES, LocalServer, ServiceProcess
+from devservices.processes import (
+    LOG_TAIL_LINES,
+    LocalServer,
+    ServiceProcess,
+    serve_until_interrupted,
+)
 from orchestrator.errors import ConfigError
 
 DEFAULT_S3PROXY_VERSION = "4.1.0"
@@ -330,21 +335,19 @@ def main(argv: Sequence[str]) -> int:
     if list(argv) != ["run"]:
         print("usage: python -m devservices.object_storage prepare|run", file=sys.stderr)
         return 2
-    work_dir = Path(tempfile.mkdtemp(prefix="tuneloop-s3-"))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        with LocalObjectStorage(jar=prepare_s3proxy(), work_dir=work_dir) as server:
-            print(f"export TUNELOOP_S3_ENDPOINT_URL={server.endpoint_url}", flush=True)
-            print(f"export AWS_ACCESS_KEY_ID={LOCAL_IDENTITY}", flush=True)
-            print(f"export AWS_SECRET_ACCESS_KEY={LOCAL_CREDENTIAL}", flush=True)
-            while server.running:
-                time.sleep(1)
-            _say(f"s3proxy exited on its own; its log ends:\n{server.log_tail()}")
-            return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+
+    def announce(server: LocalObjectStorage) -> None:
+        print(f"export TUNELOOP_S3_ENDPOINT_URL={server.endpoint_url}", flush=True)
+        print(f"export AWS_ACCESS_KEY_ID={LOCAL_IDENTITY}", flush=True)
+        print(f"export AWS_SECRET_ACCESS_KEY={LOCAL_CREDENTIAL}", flush=True)
+
+    return serve_until_interrupted(
+        lambda work_dir: LocalObjectStorage(jar=prepare_s3proxy(), work_dir=work_dir),
+        work_dir_prefix="tuneloop-s3-",
+        announce=announce,
+        say=_say,
+        what="s3proxy",
+    )
 
 
 if __name__ == "__main__":
