@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from devservices.processes import LocalServer, ServiceProcess
+from devservices.processes import LocalServer, ServiceProcess, serve_until_interrupted
 from orchestrator.errors import ConfigError
 
 DEFAULT_KAFKA_VERSIONS = ("3.9.2", "3.9.1")
@@ -827,23 +827,19 @@ def main(argv: Sequence[str]) -> int:
         print("usage: python -m devservices.kafka prepare|run", file=sys.stderr)
         return 2
     libs = prepare_kafka()
-    work_dir = Path(tempfile.mkdtemp(prefix="tuneloop-kafka-"))
-    broker = LocalKafka(libs=libs, work_dir=work_dir)
-    # SIGTERM unwinds like Ctrl-C, so the broker is stopped by the `with` below.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        with broker:
-            _say(f"Kafka {broker.version} up in {broker.last_start_seconds or 0:.1f} s")
-            _say(f"log: {broker.log_path}")
-            print(f"export TUNELOOP_KAFKA_BOOTSTRAP={broker.bootstrap}", flush=True)
-            while broker.running:
-                time.sleep(1)
-            _say(f"the broker exited on its own; its log ends:\n{broker.log_tail(40)}")
-            return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+
+    def announce(broker: LocalKafka) -> None:
+        _say(f"Kafka {broker.version} up in {broker.last_start_seconds or 0:.1f} s")
+        _say(f"log: {broker.log_path}")
+        print(f"export TUNELOOP_KAFKA_BOOTSTRAP={broker.bootstrap}", flush=True)
+
+    return serve_until_interrupted(
+        lambda work_dir: LocalKafka(libs=libs, work_dir=work_dir),
+        work_dir_prefix="tuneloop-kafka-",
+        announce=announce,
+        say=_say,
+        what="the broker",
+    )
 
 
 if __name__ == "__main__":
