@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from devservices.processes import LocalServer, ServiceProcess, read_log_tail
+from devservices.processes import (
+    LocalServer,
+    ServiceProcess,
+    read_log_tail,
+    serve_until_interrupted,
+)
 
 
 class SketchStartError(RuntimeError):
@@ -165,7 +170,10 @@ def test_a_log_tail_is_the_last_lines_and_names_a_missing_log(tmp_path: Path) ->
 
 
 class SketchServer(LocalServer):
-    def __init__(self) -> None:
+    """A server whose process is gone as soon as it has started."""
+
+    def __init__(self, work_dir: Path | None = None) -> None:
+        self.work_dir = work_dir
         self.calls: list[str] = []
 
     def start(self) -> SketchServer:
@@ -174,6 +182,13 @@ class SketchServer(LocalServer):
 
     def stop(self) -> None:
         self.calls.append("stop")
+
+    @property
+    def running(self) -> bool:
+        return False
+
+    def log_tail(self, lines: int = 40) -> str:
+        return f"OutOfMemoryError (last {lines} lines)"
 
 
 def _fail_inside(server: SketchServer) -> None:
@@ -189,3 +204,38 @@ def test_a_local_server_is_stopped_when_its_with_block_raises() -> None:
         _fail_inside(server)
 
     assert server.calls == ["start", "stop"]
+
+
+def test_serving_by_hand_reports_a_server_that_exits_on_its_own_and_removes_its_work_dir(
+    tmp_path: Path,
+) -> None:
+    built: list[SketchServer] = []
+    announced: list[SketchServer] = []
+    said: list[str] = []
+
+    def make(work_dir: Path) -> SketchServer:
+        built.append(SketchServer(work_dir))
+        return built[-1]
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = serve_until_interrupted(
+            make,
+            work_dir_prefix=f"{tmp_path}/sketch-",
+            announce=announced.append,
+            say=said.append,
+            what="the sketch server",
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    assert code == 1
+    assert announced == built
+    assert built[0].calls == ["start", "stop"]
+    assert said == [
+        "the sketch server exited on its own; its log ends:\nOutOfMemoryError (last 40 lines)"
+    ]
+    work_dir = built[0].work_dir
+    assert work_dir is not None
+    assert work_dir.name.startswith("sketch-")
+    assert not work_dir.exists()
