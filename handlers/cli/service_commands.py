@@ -53,8 +53,9 @@ def up(
                 typer.echo(f"export TUNELOOP_KAFKA_BOOTSTRAP={broker.bootstrap}")
             if kubernetes:
                 plane = stack.enter_context(control_plane.local_control_plane(root / "kubernetes"))
-                typer.echo(f"export TUNELOOP_KUBECONFIG={plane.kubeconfig}")
+                # TUNELOOP_KUBECONFIG last: a script that waits for it finds both.
                 typer.echo(f"export KUBECONFIG={plane.kubeconfig}")
+                typer.echo(f"export TUNELOOP_KUBECONFIG={plane.kubeconfig}")
                 typer.echo(f"# pods' volumes and container logs: {plane.pods_dir}/pods/", err=True)
         except ConfigError as exc:
             typer.echo(f"tuneloop services: {exc}", err=True)
