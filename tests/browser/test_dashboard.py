@@ -9,23 +9,21 @@ reports. Events go in on Kafka; chromium watches the pages change without being 
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
-from faust.contrib.asgi import faust_app_running
 
-from handlers.app import Worker, build_worker
-from orchestrator.clock import SystemClock
+from handlers.app import Worker
+from handlers.codec import KafkaRecord
 from orchestrator.events import CloudEvent
-from orchestrator.settings import KafkaSettings, Settings
+from orchestrator.settings import WorkerSettings
 from runtimes.localprocess.backend import LocalProcessBackend
 from tests.browser.chromium import Browser
-from tests.e2e.harness import send_events
+from tests.fixtures.kafka import TopicFactory
+from tests.fixtures.topics import send_events, send_records
+from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
 
 pytestmark = [pytest.mark.browser, pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -88,41 +86,22 @@ class Served:
 @pytest.fixture
 async def served(
     kafka_bootstrap: str,
-    new_topic: Any,
+    new_topic: TopicFactory,
     tmp_path: Path,
     tiny_model_dir: Path,  # built into the cache before the worker starts
     reverse_dataset: Path,
     browser: Browser,
 ) -> AsyncIterator[Served]:
-    topics = {name: new_topic(f"dash-{name}") for name in ("in", "out", "audit", "dlq")}
+    topics = worker_topics(new_topic, "dash")
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES.format(dataset=reverse_dataset))
-    base = Settings(
-        kafka=KafkaSettings(
-            bootstrap=kafka_bootstrap,
-            topics_in=(topics["in"],),
-            topic_out=topics["out"],
-            topic_audit=topics["audit"],
-            topic_dlq=topics["dlq"],
-            group_id=f"dash-{uuid.uuid4().hex[:8]}",
-            internal_partitions=2,
-        )
-    )
     # Port 0: the system picks a free one; the server says which once it runs.
-    settings = dataclasses.replace(base, worker=dataclasses.replace(base.worker, web_port=0))
+    settings = worker_settings(kafka_bootstrap, topics, worker=WorkerSettings(web_port=0))
     async with LocalProcessBackend(
         tmp_path / "jobs", poll_interval=0.2, trainer_overrides={"cpu_threads": 1}
     ) as backend:
-        worker = build_worker(
-            settings,
-            rule_paths=[rules],
-            backend=backend,
-            clock=SystemClock(),
-            tick_interval=0.2,
-            broker_commit_interval=0.2,
-            topic_replication_factor=1,
-        )
-        async with faust_app_running(worker.app, stop_timeout=30):
+        worker = build_test_worker(settings, rules=rules, backend=backend)
+        async with running(worker):
             assert worker.web is not None
             yield Served(worker, worker.web.url, kafka_bootstrap, topics)
             crash = worker.app._crash_reason
@@ -193,12 +172,10 @@ async def test_a_dead_lettered_record_shows_its_code(
 ) -> None:
     await browser.open(served.url + "/dashboard/dead-letters")
     await browser.wait_for_text("No dead letters")
-    producer = AIOKafkaProducer(bootstrap_servers=served.bootstrap)
-    await producer.start()
-    try:  # no CloudEvents headers and no CloudEvents content type
-        await producer.send_and_wait(served.topics["in"], value=b"plain text, not an event")
-    finally:
-        await producer.stop()
+    # no CloudEvents headers and no CloudEvents content type
+    await send_records(
+        served.bootstrap, served.topics["in"], [KafkaRecord(value=b"plain text, not an event")]
+    )
 
     body = await browser.wait_for_text("record.not_cloudevent", timeout=60)
     assert f"{served.topics['in']}/0@0" in body
