@@ -51,6 +51,7 @@ from orchestrator.settings import KubernetesSettings
 from runtimes.kubernetes import failures, manifests, progress, results
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from runtimes.kubernetes.errors import foreign_object_error, is_transient, translate
+from runtimes.kubernetes.pod_watching import PodFailureWatch
 
 log = structlog.get_logger(__name__)
 
@@ -198,6 +199,16 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             api, clock=clock, namespace=self._settings.namespace
         )
         self._sleep = sleep
+        self._pod_failures = (
+            None
+            if pods is None
+            else PodFailureWatch(
+                pods,
+                namespace=self._settings.namespace,
+                selector=SELECTOR,
+                timeout=self._settings.watch_timeout,
+            )
+        )
         self._cancelled: set[str] = set()
 
     @classmethod
@@ -315,6 +326,21 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         seen: dict[str, JobPhase] = {}
         live: dict[str, Mapping[str, Any]] = {}  # jobs not final yet, for the JobSet timeout
         reported: dict[str, dict[str, Any]] = {}  # each job's last trainer report yielded
+        if self._pod_failures is not None:
+            self._pod_failures.start()
+        try:
+            async for observation in self._observe(seen, live, reported):
+                yield observation
+        finally:
+            if self._pod_failures is not None:
+                self._pod_failures.stop()
+
+    async def _observe(
+        self,
+        seen: dict[str, JobPhase],
+        live: dict[str, Mapping[str, Any]],
+        reported: dict[str, dict[str, Any]],
+    ) -> AsyncIterator[Observation]:
         while True:
             version, items = await self._list()
             listed = {obj["metadata"]["name"] for obj in items}
@@ -417,12 +443,16 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         )
 
     async def _failure_message(self, name: str, message: str | None) -> str | None:
-        """*message* with the failing trainer container's log tail, when its pods say it.
+        """*message* with the failing trainer container's log tail: what the pod watch kept,
+        else what the pods say now.
 
         Best effort: a job's failure is reported whether or not its pods can be read (they
         may be gone, or the worker may not be allowed to list them)."""
-        if self._pods is None:
+        if self._pods is None or self._pod_failures is None:
             return message
+        said = self._pod_failures.take(name)
+        if said is not None:
+            return failures.failure_message(message, said)
         try:
             response = await self._call(
                 self._pods.list_namespaced_pod,
@@ -434,7 +464,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         except Exception as exc:
             log.warning("failed_pods_unreadable", job=name, error=str(exc))
             return message
-        return failures.failure_message(message, pods)
+        return failures.failure_message(message, failures.failed_container(pods))
 
     def _observe_deletion(
         self, name: str, seen: dict[str, JobPhase], live: dict[str, Mapping[str, Any]]

@@ -5,8 +5,10 @@ Called by `KubernetesBackend` when a TrainJob reaches `Failed`. The Trainer's co
 only that the JobSet failed; what went wrong is in the trainer's log. The shipped runtimes set
 `terminationMessagePolicy: FallbackToLogsOnError` on the trainer container, so the kubelet
 copies the log's tail (80 lines, 2 KiB) into the container's `terminated.message` when it
-exits non-zero: the worker reads it from the pod's status, which needs only `list pods`, not
-the logs API or a shared volume. Pure: the backend lists the pods (by the JobSet's label).
+exits non-zero: the worker reads it from the pod's status, which needs only `list`/`watch`
+on pods, not the logs API or a shared volume. The JobSet controller deletes a failed JobSet's
+Jobs (and so its pods) as it fails, often before the TrainJob says `Failed`, so the backend
+watches the pods while jobs run (`pod_watching.py`) and keeps what they said. Pure.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def failed_container(pods: Iterable[Mapping[str, Any]]) -> tuple[str, int, str] 
     return where, code, message
 
 
-def failure_message(condition_message: str | None, pods: Iterable[Mapping[str, Any]]) -> str | None:
-    """The condition's message, followed by the failing container's log tail if one left it."""
-    failed = failed_container(pods)
+def failure_message(
+    condition_message: str | None, failed: tuple[str, int, str] | None
+) -> str | None:
+    """The condition's message, followed by the failing container's log tail if one left it
+    (*failed* as `failed_container` gives it)."""
     if failed is None:
         return condition_message
     where, code, tail = failed

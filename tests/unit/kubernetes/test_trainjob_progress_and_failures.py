@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtimes.kubernetes.failures import failure_message
+from runtimes.kubernetes.failures import failed_container, failure_message
 from runtimes.kubernetes.progress import progress_of
 
 
@@ -62,7 +62,7 @@ def test_a_failure_names_the_container_that_failed_first_and_its_log_tail() -> N
         ),
     ]
 
-    assert failure_message("jobset failed", pods) == (
+    assert failure_message("jobset failed", failed_container(pods)) == (
         "jobset failed\njob-node-0-0/node exited with code 1; the last lines of its log:\n"
         "Traceback ...\nDatasetNotFoundError: x"
     )
@@ -74,5 +74,5 @@ def test_a_failure_without_a_termination_message_keeps_the_controllers_message()
         pod("job-node-0-1", exit_code=0, message="fine", finished="2026-12-03T17:00:05Z"),
     ]
 
-    assert failure_message("jobset failed", pods) == "jobset failed"
-    assert failure_message(None, []) is None
+    assert failure_message("jobset failed", failed_container(pods)) == "jobset failed"
+    assert failure_message(None, failed_container([])) is None
