@@ -89,6 +89,7 @@ class PodFailureWatch:
 
     def _run(self) -> None:
         stopping = self._stopping
+        delay = 1.0
         while not stopping.is_set():
             try:
                 for event in _new_watch().stream(
@@ -102,6 +103,10 @@ class PodFailureWatch:
                     raw = event.get("raw_object")
                     if isinstance(raw, Mapping):
                         self.record(raw)
+                delay = 1.0
             except Exception as exc:  # the watch restarts; a failure still gets reported
-                log.warning("pod_watch_failed", error=str(exc))
-                stopping.wait(1.0)
+                # Doubling up to a minute: a worker not allowed to watch pods (an older
+                # chart's Role) says so now and then, not every second.
+                log.warning("pod_watch_failed", error=str(exc), retry_in=delay)
+                stopping.wait(delay)
+                delay = min(delay * 2, 60.0)
