@@ -1,8 +1,12 @@
 """The backend contract, run against `KubernetesBackend` on the real API server.
 
-No Trainer controller runs on the test server, so `TrainerStatusPatcher` plays it: it writes
-TrainJob `/status` the way the Trainer v2.3.0 controller does (conditions copied from the
-JobSet, `jobsStatus` from its replicated jobs, `trainerStatus` from the status server).
+`TrainerStatusPatcher` plays the Trainer controller: it writes TrainJob `/status` the way the
+Trainer v2.3.0 controller does (conditions copied from the JobSet, `jobsStatus` from its
+replicated jobs, `trainerStatus` from the status server). It does so also where the controllers
+run (`TUNELOOP_LOCAL_KUBERNETES=control-plane`): the contract moves a job to each phase when
+the shared suite says so (Running, then Failed with a given reason, then a result), which a
+controller does on its own schedule. tests/e2e/test_kubernetes_loop.py has the controllers
+produce those phases themselves.
 """
 
 from __future__ import annotations
