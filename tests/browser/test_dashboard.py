@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from orchestrator.events import CloudEvent
 from orchestrator.settings import WorkerSettings
 from runtimes.localprocess.backend import LocalProcessBackend
 from tests.browser.chromium import Browser
+from tests.fixtures.events import drift_alarm
 from tests.fixtures.kafka import TopicFactory
 from tests.fixtures.topics import send_events, send_records
 from tests.fixtures.worker import build_test_worker, running, worker_settings, worker_topics
@@ -62,14 +62,7 @@ what it would have done (`suppress`, reason `shadow`) and launches nothing."""
 
 
 def drift(name: str, n: int, *, model: str, value: float) -> CloudEvent:
-    return CloudEvent(
-        id=f"{name}-{n}",
-        source="/monitors/psi",
-        type="io.tuneloop.drift.detected.v1",
-        time=datetime.now(UTC) - timedelta(minutes=5) + timedelta(seconds=n),
-        datacontenttype="application/json",
-        data={"model_id": model, "metric": "psi", "value": value, "threshold": 0.2},
-    )
+    return drift_alarm(f"{name}-{n}", model=model, value=value, n=n, minutes_ago=5)
 
 
 @dataclasses.dataclass

@@ -17,7 +17,6 @@ import asyncio
 import os
 import uuid
 from collections.abc import MutableMapping
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from orchestrator.events import CloudEvent
 from orchestrator.rules import loading
 from orchestrator.rules.parsing import RuleFileError
 from orchestrator.testing import InMemoryBackend
+from tests.fixtures.events import drift_alarm
 from tests.fixtures.kafka import TopicFactory
 from tests.fixtures.topics import read_decisions
 from tests.fixtures.waiting import wait_for
@@ -87,14 +87,7 @@ INVALID = {
 
 
 def drift(n: int) -> CloudEvent:
-    return CloudEvent(
-        id=f"reload-{n}",
-        source="/monitors/psi",
-        type="io.tuneloop.drift.detected.v1",
-        time=datetime.now(UTC) - timedelta(minutes=1),
-        datacontenttype="application/json",
-        data={"model_id": KEYS[n % len(KEYS)], "metric": "psi", "value": 0.3, "threshold": 0.2},
-    )
+    return drift_alarm(f"reload-{n}", model=KEYS[n % len(KEYS)], minutes_ago=1)
 
 
 def version_of(text: str, tmp: Path) -> str:

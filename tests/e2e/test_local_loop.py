@@ -9,7 +9,6 @@ difference from `tuneloop run --backend local` is that the worker runs in the te
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from orchestrator.events import CloudEvent
 from runtimes.localprocess.backend import LocalProcessBackend
 from tests.e2e.harness import COMPLETED
+from tests.fixtures.events import drift_alarm
 from tests.fixtures.kafka import TopicFactory
 from tests.fixtures.topics import read_decisions, read_topic, send_events
 from tests.fixtures.waiting import wait_for
@@ -49,14 +49,7 @@ rules:
 
 
 def drift(n: int, *, value: float) -> CloudEvent:
-    return CloudEvent(
-        id=f"local-drift-{n}",
-        source="/monitors/psi",
-        type="io.tuneloop.drift.detected.v1",
-        time=datetime.now(UTC) - timedelta(minutes=10) + timedelta(seconds=n),
-        datacontenttype="application/json",
-        data={"model_id": "m1", "metric": "psi", "value": value, "threshold": 0.2},
-    )
+    return drift_alarm(f"local-drift-{n}", value=value, n=n)
 
 
 @pytest.fixture

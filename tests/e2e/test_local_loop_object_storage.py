@@ -10,7 +10,6 @@ as a Secret would give them to a pod; the rule file names none of them.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from runtimes.localprocess.backend import LocalProcessBackend
 from runtimes.storage import StorageSettings, adapter_exists, parse_location, read_manifest
 from runtimes.storage.filesystems import filesystem_for
 from tests.e2e.harness import COMPLETED
+from tests.fixtures.events import drift_alarm
 from tests.fixtures.kafka import TopicFactory
 from tests.fixtures.topics import read_topic, send_events
 from tests.fixtures.waiting import wait_for
@@ -55,14 +55,7 @@ rules:
 
 
 def drift(n: int) -> CloudEvent:
-    return CloudEvent(
-        id=f"s3-drift-{n}",
-        source="/monitors/psi",
-        type="io.tuneloop.drift.detected.v1",
-        time=datetime.now(UTC) - timedelta(minutes=10) + timedelta(seconds=n),
-        datacontenttype="application/json",
-        data={"model_id": "m1", "metric": "psi", "value": 0.4, "threshold": 0.2},
-    )
+    return drift_alarm(f"s3-drift-{n}", value=0.4, n=n)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ is tests/e2e/test_local_loop.py; the Kubernetes backend runs it in the fault sui
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from orchestrator.clock import SystemClock
 from orchestrator.events import CloudEvent
 from orchestrator.jobs.model import JobPhase, JobResult
 from orchestrator.testing import InMemoryBackend
+from tests.fixtures.events import drift_alarm
 from tests.fixtures.kafka import TopicFactory
 from tests.fixtures.topics import read_decisions, read_topic, send_events
 from tests.fixtures.waiting import wait_for
@@ -45,14 +45,7 @@ rules:
 
 
 def drift(n: int, *, model: str = "m1", value: float = 0.3) -> CloudEvent:
-    return CloudEvent(
-        id=f"drift-{n}",
-        source="/monitors/psi",
-        type="io.tuneloop.drift.detected.v1",
-        time=datetime.now(UTC) - timedelta(minutes=10) + timedelta(seconds=n),
-        datacontenttype="application/json",
-        data={"model_id": model, "metric": "psi", "value": value, "threshold": 0.2},
-    )
+    return drift_alarm(f"drift-{n}", model=model, value=value, n=n)
 
 
 @pytest.fixture
