@@ -683,7 +683,7 @@ class NodeAgent:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            answer = self.api_client.call_api(*request)
+            answer = self.api_client.call_api(*request, _request_timeout=30)
             data = answer.read()
         if not 200 <= answer.status < 300:
             raise ApiException(http_resp=answer)
