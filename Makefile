@@ -16,7 +16,8 @@ help:
 venv:
 	@scripts/bootstrap-python
 
-# Kafka jars (Maven), the Kubernetes API server + etcd and helm (Go), built into the cache once.
+# Kafka jars and s3proxy (Maven); etcd, the Kubernetes API servers, the JobSet and Kubeflow
+# Trainer controllers and helm (Go): resolved or built into the cache once.
 services: venv
 	$(PY) -m devservices prepare
 
@@ -38,7 +39,7 @@ test: venv services models browser check
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PY) -m pytest -p no:cacheprovider -m "not kafka and not kubernetes and not training" $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider -m "not kafka and not kubernetes and not training and not storage and not browser" $(PYTEST_ARGS)
 
 check: venv
 	$(VENV)/bin/ruff check .
