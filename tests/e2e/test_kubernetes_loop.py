@@ -39,7 +39,7 @@ pytestmark = [
     pytest.mark.kubernetes,
     pytest.mark.kafka,
     pytest.mark.training,
-    pytest.mark.timeout(420),
+    pytest.mark.timeout(600),  # includes starting the control plane and Kafka on a busy machine
 ]
 
 FAILED = "io.tuneloop.finetune.failed.v1"
@@ -291,9 +291,8 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
     }
     assert reported, trainjob["status"]["trainerStatus"]
     metrics = completed.data["metrics"]
-    assert {name: metrics[name] for name in reported} == {
-        name: pytest.approx(float(value)) for name, value in reported.items()
-    }
+    # Every metric came from there (the worker reads no file), as numbers.
+    assert metrics == {name: pytest.approx(float(value)) for name, value in reported.items()}
     adapter_uri = str(completed.data["adapter_uri"])
     assert adapter_uri.startswith(f"file://{ADAPTERS_MOUNT}/"), adapter_uri
     on_volume = loop.adapters() / adapter_uri.removeprefix(f"file://{ADAPTERS_MOUNT}/")
