@@ -119,6 +119,13 @@ RBAC_RULES: Mapping[str, tuple[str, ...]] = {
 """Every verb this backend (and its catalog) uses, per `trainer.kubeflow.org` resource: the
 Helm chart's Role/ClusterRole grant exactly these (tests/unit/kubernetes/test_helm_chart.py)."""
 
+CORE_RBAC_RULES: Mapping[str, tuple[str, ...]] = {
+    "pods": ("list", "watch"),
+}
+"""Every verb it uses on core (`""` group) resources: the pods of its TrainJobs are listed and
+watched to keep a failing container's log tail (`terminated.message`), which the JobSet
+controller deletes with the pods. The chart's Role grants exactly these too."""
+
 
 def phase_of(
     obj: Mapping[str, Any], *, now: datetime, jobset_timeout: float

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from runtimes.kubernetes.backend import RBAC_RULES
+from runtimes.kubernetes.backend import CORE_RBAC_RULES, RBAC_RULES
 
 CHART = Path(__file__).resolve().parents[3] / "deploy" / "helm" / "tuneloop"
 MODELS = {
@@ -115,13 +115,15 @@ def test_every_rendered_object_is_a_valid_object_of_its_kind(values):
 
 def test_rbac_grants_exactly_what_the_backend_uses():
     objects = render()
-    granted: dict[str, tuple[str, ...]] = {}
+    granted: dict[tuple[str, str], tuple[str, ...]] = {}
     for key in ("Role/rel-tuneloop", "ClusterRole/rel-tuneloop-runtimes"):
         for rule in objects[key]["rules"]:
-            assert rule["apiGroups"] == ["trainer.kubeflow.org"]
+            (group,) = rule["apiGroups"]
             for resource in rule["resources"]:
-                granted[resource] = tuple(sorted(rule["verbs"]))
-    assert granted == {resource: tuple(sorted(v)) for resource, v in RBAC_RULES.items()}
+                granted[group, resource] = tuple(sorted(rule["verbs"]))
+    used = {("trainer.kubeflow.org", r): tuple(sorted(v)) for r, v in RBAC_RULES.items()}
+    used |= {("", r): tuple(sorted(v)) for r, v in CORE_RBAC_RULES.items()}
+    assert granted == used
     assert objects["Role/rel-tuneloop"]["metadata"]["namespace"] == "ml"
 
 
