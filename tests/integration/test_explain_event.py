@@ -7,20 +7,21 @@ from that construction, not from the engine."""
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from faust.contrib.asgi import faust_app_running
 from typer.testing import CliRunner
 
 from handlers.cli.main import app
 from orchestrator.clock import SystemClock
 from orchestrator.ledger import DECISION_EVENT_TYPE
 from orchestrator.testing import InMemoryBackend
-from tests.e2e.test_worker_loop import drift, make_worker, read_events, send
+from tests.e2e.test_worker_loop import drift
+from tests.fixtures.topics import read_topic, send_events
+from tests.fixtures.waiting import wait_for
+from tests.fixtures.worker import build_test_worker, running, worker_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -105,17 +106,21 @@ async def test_explain_event_answers_for_every_rule_that_named_the_events_type(
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     backend = InMemoryBackend(SystemClock())
-    worker = make_worker(kafka_bootstrap, topics, rules, backend, f"w-{uuid.uuid4().hex[:8]}")
+    worker = build_test_worker(
+        worker_settings(kafka_bootstrap, topics), rules=rules, backend=backend
+    )
     decisions: list[Any] = []
 
-    async with faust_app_running(worker.app, stop_timeout=30):
-        await send(kafka_bootstrap, topics["in"], [STRANGER, NO_REGION, SCHEMALESS])
+    async def six_decisions() -> bool:
+        nonlocal decisions
+        audit = await read_topic(kafka_bootstrap, topics["audit"])
+        decisions = [e for e in audit if e.type == DECISION_EVENT_TYPE]
+        return len(decisions) >= 6
+
+    async with running(worker):
+        await send_events(kafka_bootstrap, topics["in"], [STRANGER, NO_REGION, SCHEMALESS])
         # Three rules, two events: six records (three each, one per rule).
-        for _ in range(120):
-            audit = await read_events(kafka_bootstrap, topics["audit"], settle=0.5)
-            decisions = [e for e in audit if e.type == DECISION_EVENT_TYPE]
-            if len(decisions) >= 6:
-                break
+        await wait_for(six_decisions, what="six decision records", timeout=90, interval=0.5)
     assert len(decisions) == 6, [e.data for e in decisions]
 
     stranger = explain(topics, kafka_bootstrap, "--event", "stranger")
