@@ -9,8 +9,26 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+
+class _StderrLogger:
+    """structlog's `PrintLogger`, but to `sys.stderr` as it is at each line, not as it was
+    when logging was configured: whatever lends the process another stderr for a while
+    (pytest's capture, typer's test runner) closes it afterwards, and a logger bound to it
+    would then fail every later line with "I/O operation on closed file"."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+def _stderr_logger(*_names: Any) -> _StderrLogger:
+    return _StderrLogger()
 
 
 def configure(level: str = "info") -> None:
@@ -33,6 +51,6 @@ def configure(level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=True,
     )
