@@ -59,16 +59,17 @@ rules:
       base_model: "tiny"
       dataset: "file:///data/${{ key }}.jsonl"
 """
-TEN_MINUTES_AGO = datetime.now(UTC) - timedelta(minutes=10)
 
 
 def drift_event(event_id: str, model: str = "m1") -> SdkEvent:
+    """A drift alarm that happened ten minutes before it is made (at the call, not at import:
+    in a whole suite this module is imported many minutes before its tests run)."""
     return SdkEvent(
         attributes={
             "id": event_id,
             "source": "/monitors/psi",
             "type": "io.tuneloop.drift.detected.v1",
-            "time": TEN_MINUTES_AGO,
+            "time": datetime.now(UTC) - timedelta(minutes=10),
             "datacontenttype": "application/json",
         },
         data={"model_id": model, "metric": "psi", "value": 0.3, "threshold": 0.2},
