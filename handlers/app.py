@@ -373,8 +373,11 @@ def _add_web_server(
         loop_stall=options.health_loop_stall,
         progress_stall=options.health_progress_stall,
     )
+    ends = () if worker.dashboard is None else (worker.dashboard.board.close,)
     server = web_server(
-        options, _web_routes(worker, settings, watch=watch, completions=completions, clock=clock)
+        options,
+        _web_routes(worker, settings, watch=watch, completions=completions, clock=clock),
+        on_shutdown=ends,
     )
     if server is None:
         return

@@ -19,7 +19,7 @@ serves pages exposes a function returning its table (e.g. `health.routes(...)`).
 from __future__ import annotations
 
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -41,11 +41,17 @@ class WebServer(Service):
         port: int,
         routes: Sequence[web.RouteTableDef],
         ssl_context: ssl.SSLContext | None = None,
+        on_shutdown: Sequence[Callable[[], None]] = (),
         **kwargs: Any,
     ) -> None:
         self.host = host
         self.requested_port = port
         self.routes = tuple(routes)
+        self.closing_hooks = tuple(on_shutdown)
+        """Called as the server stops, before it waits for the requests in flight: they end
+        long-lived responses (the dashboard's event streams), which aiohttp would otherwise
+        wait for until its shutdown timeout, since it does not cancel a handler whose client
+        went away."""
         self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
@@ -68,6 +74,7 @@ class WebServer(Service):
         application = web.Application(client_max_size=_MAX_REQUEST_BYTES)
         for table in self.routes:
             application.add_routes(table)
+        application.on_shutdown.append(self._end_long_responses)
         # access_log=None: one line per probe every few seconds would drown the worker's log.
         self._runner = web.AppRunner(application, access_log=None)
         await self._runner.setup()
@@ -78,6 +85,10 @@ class WebServer(Service):
         sockets = getattr(site._server, "sockets", None) or ()  # aiohttp has no public getter
         self._port = int(sockets[0].getsockname()[1]) if sockets else self.requested_port
         log.info("web_server_started", url=self.url)
+
+    async def _end_long_responses(self, _application: web.Application) -> None:
+        for end in self.closing_hooks:
+            end()
 
     async def on_stop(self) -> None:
         if self._runner is not None:
@@ -104,8 +115,14 @@ def server_tls(settings: WorkerSettings) -> ssl.SSLContext | None:
     return context
 
 
-def web_server(settings: WorkerSettings, routes: Sequence[web.RouteTableDef]) -> WebServer | None:
-    """The server *settings* ask for (none without `web_port`), serving *routes*."""
+def web_server(
+    settings: WorkerSettings,
+    routes: Sequence[web.RouteTableDef],
+    *,
+    on_shutdown: Sequence[Callable[[], None]] = (),
+) -> WebServer | None:
+    """The server *settings* ask for (none without `web_port`), serving *routes*, calling
+    *on_shutdown* as it stops (`WebServer.closing_hooks`)."""
     if settings.web_port is None:
         return None
     return WebServer(
@@ -113,4 +130,5 @@ def web_server(settings: WorkerSettings, routes: Sequence[web.RouteTableDef]) ->
         port=settings.web_port,
         routes=routes,
         ssl_context=server_tls(settings),
+        on_shutdown=on_shutdown,
     )
