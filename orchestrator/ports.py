@@ -14,11 +14,15 @@ capability only then:
 - `RecallsJobContext`: a backend that stores a job's provenance with the job, so a worker
   that has no record of it (restarted, or another worker launched it) can still name its
   rule key.
+
+`ChampionStore` says where the current champion adapter of each rule and key is: the
+composition root backs it with a faust Table (`handlers/app.py`), or with MLflow's registry
+when tracking is configured; tests use `orchestrator.testing.InMemoryChampionStore`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -54,6 +58,42 @@ class TrainingBackend(Protocol):
 
         Raises:
             TransientBackendError: try again later.
+        """
+        ...
+
+
+class ChampionStore(Protocol):
+    """Where the champion adapter of each (rule, key) is: the one a new adapter must beat.
+
+    The service reads it when it launches a job of a rule with `promote:` (the trainer
+    evaluates that champion beside the candidate) and again when the job succeeded, and moves
+    it only when the gate (`orchestrator/jobs/promotion.py`) promotes. It is read and written
+    only by the worker that owns the key's partition, one input at a time.
+    """
+
+    async def current(self, rule: str, key: str) -> str | None:
+        """The adapter URI of the champion of *rule* and *key*; None before the first
+        promotion.
+
+        Raises:
+            TransientBackendError: the store cannot answer now; try again later.
+        """
+        ...
+
+    async def promote(
+        self,
+        rule: str,
+        key: str,
+        adapter_uri: str,
+        job_name: str,
+        scores: Mapping[str, float],
+    ) -> None:
+        """Make *adapter_uri*, the adapter of *job_name*, the champion of *rule* and *key*;
+        *scores* are its metrics as the gate saw them. Promoting the same adapter again does
+        nothing new (a replayed completion does).
+
+        Raises:
+            TransientBackendError: the store cannot take it now; try again later.
         """
         ...
 

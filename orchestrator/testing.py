@@ -3,15 +3,17 @@
 `InMemoryBackend` is a `TrainingBackend` whose jobs move only when told to (`move`), the way
 httpx's `MockTransport` answers only what it is told. `RecordingPublisher` is an
 `EventPublisher` that keeps what it was given. `InMemoryCompletionStore` is a
-`CompletionStore` that forgets on exit. Used by unit tests, the backend contract suite
-(`tests/contract/`) and `tuneloop simulate`-like tools; never in production wiring.
+`CompletionStore` and `InMemoryChampionStore` a `ChampionStore` that forget on exit. Used by
+unit tests, the backend contract suite (`tests/contract/`) and `tuneloop simulate`-like
+tools; never in production wiring.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from orchestrator.clock import Clock
 from orchestrator.errors import BackendError, JobRejectedError
@@ -203,3 +205,47 @@ class InMemoryCompletionStore:
 
     async def save(self, record: CompletionRecord) -> None:
         self.records[record.job] = record
+
+
+@dataclass(frozen=True, slots=True)
+class Champion:
+    """What an `InMemoryChampionStore` holds for one rule and key."""
+
+    adapter_uri: str
+    job_name: str
+    scores: Mapping[str, float]
+
+
+@dataclass(slots=True)
+class InMemoryChampionStore:
+    """A `ChampionStore` in a dict keyed by (rule, key); `champions` is there to look at, and
+    `promotions` counts every `promote` call (replays included)."""
+
+    champions: dict[tuple[str, str], Champion] = field(default_factory=dict)
+    promotions: int = 0
+    _failures: list[Exception] = field(default_factory=list)
+
+    async def current(self, rule: str, key: str) -> str | None:
+        if self._failures:
+            raise self._failures.pop(0)
+        champion = self.champions.get((rule, key))
+        return champion.adapter_uri if champion is not None else None
+
+    async def promote(
+        self,
+        rule: str,
+        key: str,
+        adapter_uri: str,
+        job_name: str,
+        scores: Mapping[str, float],
+    ) -> None:
+        if self._failures:
+            raise self._failures.pop(0)
+        self.promotions += 1
+        self.champions[(rule, key)] = Champion(
+            adapter_uri=adapter_uri, job_name=job_name, scores=MappingProxyType(dict(scores))
+        )
+
+    def fail_next(self, error: Exception) -> None:
+        """Make the next call raise *error* (once), as an unreachable store would."""
+        self._failures.append(error)

@@ -16,6 +16,8 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
+from orchestrator.jobs.promotion import PromotionPolicy
+
 
 def _frozen_map() -> Mapping[str, Any]:
     return MappingProxyType({})
@@ -123,6 +125,11 @@ class TrainingRequest:
     """The model being retrained, for the completion event; usually the rule key."""
     trace: TraceContext | None = None
     """The trace context of the event that completed the launch, if its producer sent one."""
+    promotion: PromotionPolicy | None = None
+    """The rule's `promote:` block; None: the job's adapter is never judged or promoted."""
+    champion_uri: str | None = None
+    """The champion adapter of the rule and key when the job was launched, which the trainer
+    evaluates beside the candidate; filled in by the service just before the launch."""
 
 
 class JobPhase(enum.Enum):
@@ -187,6 +194,10 @@ class JobContext:
     launched_at: datetime | None = None
     trace: TraceContext | None = None
     """The launch's trace context, which the completion event carries on."""
+    promotion: PromotionPolicy | None = None
+    """How the job's adapter is judged once it succeeded (None: it is not)."""
+    champion_uri: str | None = None
+    """The champion the job was launched to compare with (None: there was none)."""
 
     @classmethod
     def from_request(
@@ -211,6 +222,8 @@ class JobContext:
             output_uri=output_uri if output_uri is not None else request.output_uri,
             launched_at=launched_at,
             trace=request.trace,
+            promotion=request.promotion,
+            champion_uri=request.champion_uri,
         )
 
     def as_request(self) -> TrainingRequest:
@@ -228,6 +241,8 @@ class JobContext:
             output_uri=self.output_uri,
             model_id=self.model_id,
             trace=self.trace,
+            promotion=self.promotion,
+            champion_uri=self.champion_uri,
         )
 
     @classmethod
