@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from orchestrator.jobs.promotion import PromotionPolicy
 from orchestrator.rules.expressions import Expression
 from orchestrator.rules.templating import Template
 
@@ -107,6 +108,9 @@ class LaunchTemplate:
     resources: Mapping[str, Template] = field(default_factory=dict)
     output_uri: Template | None = None
     deadline: timedelta | None = None
+    promote: PromotionPolicy | None = None
+    """The `promote:` block: judge each adapter against the champion of the rule and key
+    (`orchestrator/jobs/promotion.py`); None: no promotion step."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import difflib
 import functools
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError
+from orchestrator.jobs import promotion
 from orchestrator.rules.durations import DurationError, parse_duration
 from orchestrator.rules.expressions import (
     Expression,
@@ -113,7 +115,9 @@ _LAUNCH_KEYS = (
     "resources",
     "deadline",
     "output_uri",
+    "promote",
 )
+_PROMOTE_KEYS = ("metric", "mode", "min_delta")
 _TEXT_FIELDS = frozenset({"cpu", "memory"})
 """The only lora/training/resources fields that are text (so may mix `${ }` with text)."""
 DEFAULT_WINDOW = timedelta(days=1)
@@ -795,6 +799,7 @@ def _parse_launch(ctx: _Context, raw: Loc, mark: tuple[int, int]) -> LaunchTempl
                 if template is not None:
                     sections[section][name] = template
     deadline = _duration(ctx, launch, "deadline", None, positive=True)
+    promote = _parse_promote(ctx, launch, sections["training"].get("eval_fraction"))
     if len(ctx.problems) > before or runtime is None:
         return None
     return LaunchTemplate(
@@ -806,6 +811,61 @@ def _parse_launch(ctx: _Context, raw: Loc, mark: tuple[int, int]) -> LaunchTempl
         resources=sections["resources"],
         output_uri=texts.get("output_uri"),
         deadline=deadline,
+        promote=promote,
+    )
+
+
+def _parse_promote(
+    ctx: _Context, launch: Loc, eval_fraction: Template | None
+) -> promotion.PromotionPolicy | None:
+    """`launch.promote`: `{metric, mode, min_delta}`, each optional (`{}` is the defaults:
+    eval_loss, its usual direction, 0)."""
+    if "promote" not in launch:
+        return None
+    value = launch["promote"]
+    if not isinstance(value, Loc):
+        ctx.add(
+            launch.value_marks["promote"],
+            "promote must be a mapping such as {metric: eval_loss, mode: min, min_delta: 0.01}"
+            " ({} takes the defaults)",
+        )
+        return None
+    before = len(ctx.problems)
+    _check_keys(ctx, value, _PROMOTE_KEYS, "promote")
+    metrics = promotion.METRICS
+    metric = value.get("metric", promotion.DEFAULT_METRIC)
+    if metric not in metrics:
+        ctx.add(
+            value.value_marks["metric"],
+            f"promote.metric must be one of {', '.join(metrics)}, got {metric!r}"
+            + (_did_you_mean(metric, metrics) if isinstance(metric, str) else ""),
+        )
+        return None
+    mode = value.get("mode", metrics[metric].value)
+    if mode not in [member.value for member in promotion.Mode]:
+        ctx.add(value.value_marks["mode"], f"promote.mode must be min or max, got {mode!r}")
+    delta = value.get("min_delta", 0.0)
+    if (
+        isinstance(delta, bool)
+        or not isinstance(delta, int | float)
+        or not math.isfinite(delta)
+        or delta < 0
+    ):
+        ctx.add(
+            value.value_marks["min_delta"],
+            f"promote.min_delta must be a number ≥ 0 (how much better than the champion a "
+            f"candidate must be), got {delta!r}",
+        )
+    if eval_fraction is not None and eval_fraction.is_literal and eval_fraction.literal == 0:
+        ctx.add(
+            launch.value_marks["promote"],
+            "promote needs evaluation, but training.eval_fraction 0 holds no example out: "
+            "raise it, or drop promote",
+        )
+    if len(ctx.problems) > before:
+        return None
+    return promotion.PromotionPolicy(
+        metric=metric, mode=promotion.Mode(mode), min_delta=float(delta)
     )
 
 

@@ -110,4 +110,5 @@ def render(
         deadline_seconds=int(launch.deadline.total_seconds()) if launch.deadline else None,
         model_id=key,
         trace=TraceContext.of(completing.extensions),
+        promotion=launch.promote,
     )
