@@ -26,6 +26,7 @@ from orchestrator.jobs.model import (
     TrainingRequest,
     TrainingSettings,
 )
+from orchestrator.jobs.promotion import PromotionPolicy
 from orchestrator.vocabulary.timestamps import format_rfc3339, parse_rfc3339
 
 DECISION_EVENT_TYPE = "io.tuneloop.decision.v1"
@@ -53,6 +54,12 @@ class Outcome(enum.Enum):
     """A why-not record: the rule names the event's type but did not consider the event;
     `reason` says why (`source-mismatch`, `where-false`). Written with key "", sampled per
     rule (see `rules/why_not.py`); `suppressed` counts the ones left out before it."""
+    PROMOTE = "promote"
+    """The job `job_name` succeeded and the promotion gate made its adapter the champion of
+    the rule and key; `reason` is the gate's verdict and `message` the scores compared."""
+    DECLINE = "decline"
+    """The job `job_name` succeeded but the promotion gate kept the champion; `reason` and
+    `message` say why."""
 
 
 class Reason(enum.Enum):
@@ -76,6 +83,22 @@ class Reason(enum.Enum):
     """`ignore`: the event's source matches none of the rule's source globs for its type."""
     WHERE_FALSE = "where-false"
     """`ignore`: the rule's `where` is false for the event."""
+    NO_CHAMPION = "no-champion"
+    """`promote`: there was no champion yet, so the first adapter became it."""
+    BETTER = "better"
+    """`promote`: the candidate beat the champion by more than `min_delta`."""
+    NOT_BETTER = "not-better"
+    """`decline`: the candidate was worse, or better by no more than `min_delta`."""
+    TIE = "tie"
+    """`decline`: the candidate scored exactly what the champion did."""
+    NO_ADAPTER = "no-adapter"
+    """`decline`: the job reported no adapter."""
+    METRIC_MISSING = "metric-missing"
+    """`decline`: the candidate or the champion has no score of the gate's metric."""
+    CHAMPION_ERROR = "champion-error"
+    """`decline`: the trainer could not evaluate the champion."""
+    CHAMPION_CHANGED = "champion-changed"
+    """`decline`: the champion moved while the job ran, so the comparison no longer holds."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -263,6 +286,9 @@ def job_to_json(job: TrainingRequest) -> dict[str, Any]:
         "model_id": job.model_id,
         # Only with a trace, as in the record: jobs written before it read the same.
         **(job.trace.as_extensions() if job.trace else {}),
+        # Likewise only with a promote: block and a champion.
+        **({"promotion": job.promotion.to_json()} if job.promotion else {}),
+        **({"champion_uri": job.champion_uri} if job.champion_uri else {}),
     }
 
 
@@ -287,6 +313,8 @@ def job_from_json(data: Mapping[str, Any]) -> TrainingRequest:
         deadline_seconds=data.get("deadline_seconds"),
         model_id=data.get("model_id"),
         trace=TraceContext.of(data),
+        promotion=PromotionPolicy.from_json(data["promotion"]) if data.get("promotion") else None,
+        champion_uri=data.get("champion_uri"),
     )
 
 

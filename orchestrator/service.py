@@ -14,6 +14,15 @@ Why a crash anywhere loses nothing and doubles nothing:
 - a completion event is published before it is recorded, with an id derived from the job and
   the milestone: a replay publishes the *same* event again, which consumers dedupe on
   (source, id) — see `orchestrator/jobs/completion.py`.
+- the promotion gate decides once per job: its decision is recorded with the job before the
+  champion moves and before `finetune.completed` carries it, so a replay moves the champion
+  to the same adapter (a no-op) and announces the same decision.
+
+Promotion (a rule with `promote:`, docs/rules.md): a launch asks the `ChampionStore` for the
+champion of the rule and key and hands it to the trainer, which scores both adapters on the
+same held-out split; when the job succeeds, `orchestrator/jobs/promotion.py` judges the
+scores, the champion moves only if it promotes, and a `promote` or `decline` record goes to
+the audit topic, where `tuneloop explain` shows it.
 
 Retries have one owner, this module (`RetryPolicy`). A backend makes one attempt per call and
 says how long to wait (`TransientBackendError.delay`, e.g. the API server's `Retry-After`);
@@ -31,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol, TypeVar
 
@@ -41,12 +50,15 @@ from orchestrator import signals
 from orchestrator.clock import Clock
 from orchestrator.errors import JobRejectedError, TransientBackendError
 from orchestrator.events import CloudEvent
-from orchestrator.jobs.completion import CompletionPublisher, CompletionStore
-from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest
-from orchestrator.ledger import DecisionRecord, Outcome, to_cloudevent
-from orchestrator.ports import EventPublisher, TrainingBackend
+from orchestrator.jobs import promotion
+from orchestrator.jobs.completion import CompletionPublisher, CompletionRecord, CompletionStore
+from orchestrator.jobs.model import JobContext, JobPhase, JobRef, Observation, TrainingRequest
+from orchestrator.jobs.tracking import Milestone, next_transition
+from orchestrator.ledger import DecisionRecord, Outcome, Reason, to_cloudevent
+from orchestrator.ports import ChampionStore, EventPublisher, TrainingBackend
 from orchestrator.rules import engine, why_not
 from orchestrator.rules.engine import JobFinished, KeyState, RuleSet
+from orchestrator.vocabulary.output import EventType
 
 log = structlog.get_logger("tuneloop.service")
 
@@ -98,7 +110,11 @@ class Orchestrator:
         retry: RetryPolicy = RetryPolicy(),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         why_not_per_minute: int = why_not.DEFAULT_PER_MINUTE,
+        champions: ChampionStore | None = None,
     ) -> None:
+        """*champions* is where each rule and key's champion adapter is; without one, jobs
+        of rules with `promote:` are judged as if there were never a champion, and nothing
+        is remembered (tests and tools only: the worker always has one)."""
         self._rules = rules
         self._backend = backend
         self._publisher = publisher
@@ -107,6 +123,7 @@ class Orchestrator:
         self._completions = CompletionPublisher(
             store=completions, publisher=publisher, clock=clock, topic=output_topic
         )
+        self._champions = champions
         self._clock = clock
         self._audit_topic = audit_topic
         self._retry = retry
@@ -212,14 +229,21 @@ class Orchestrator:
     async def handle_observation(
         self, key: str, observation: Observation
     ) -> tuple[DecisionRecord, ...]:
-        """Announce the job's milestone (once) and, when it finished, tell the engine."""
-        await self._completions.handle(observation)
+        """Announce the job's milestone (once) and, when it finished, tell the engine; a job
+        that succeeded is judged by the promotion gate first, when its rule asks for it."""
+        if observation.phase is JobPhase.SUCCEEDED:
+            await self._judge(observation)
+        published = await self._completions.handle(observation)
         if not observation.phase.is_final:
             return ()
         record = await self._completions_store.load(observation.job.name)
+        completed = any(event.type == EventType.FINETUNE_COMPLETED for event in published)
+        judged = _promotion_record(record, observation) if completed else None
+        if judged is not None:
+            await self._audit(judged)
         rule = record.context.rule if record is not None and record.context else None
         if not rule:
-            return ()
+            return (judged,) if judged is not None else ()
         finished = JobFinished(
             rule=rule,
             key=key,
@@ -227,7 +251,71 @@ class Orchestrator:
             succeeded=observation.phase is JobPhase.SUCCEEDED,
             at=observation.at,
         )
-        return await self._finish(key, finished)
+        finishing = await self._finish(key, finished)
+        return (judged, *finishing) if judged is not None else finishing
+
+    async def _judge(self, observation: Observation) -> None:
+        """Apply the promotion gate to a job that succeeded, before it is announced: decide
+        once (the decision is recorded with the job), then move the champion if it promotes.
+
+        Replayed (a crash after the decision, before the announcement), the recorded decision
+        stands, and promoting the same adapter again changes nothing.
+        """
+        job = observation.job.name
+        record = await self._completions_store.load(job)
+        context = record.context if record is not None else None
+        if (
+            record is None
+            or context is None
+            or context.promotion is None
+            or Milestone.COMPLETED in record.announced
+            or next_transition(record.phase, observation.phase) is None
+        ):
+            return
+        decision = record.promotion
+        if decision is None:
+            current = await self._current_champion(context)
+            result = observation.result
+            decision = promotion.decide(
+                context.promotion,
+                adapter_uri=result.adapter_uri if result is not None else None,
+                metrics=result.metrics if result is not None else {},
+                evaluated_champion=context.champion_uri,
+                current_champion=current,
+            )
+            await self._completions.record_promotion(job, decision)
+            log.info(
+                "promotion_decided",
+                job=job,
+                rule=context.rule,
+                key=context.key,
+                promoted=decision.promoted,
+                verdict=decision.verdict.value,
+                reason=decision.reason,
+            )
+        if decision.promoted and decision.candidate_uri and self._champions is not None:
+            metrics = observation.result.metrics if observation.result is not None else {}
+            await self._retrying(
+                functools.partial(
+                    self._champions.promote,
+                    context.rule,
+                    context.key,
+                    decision.candidate_uri,
+                    job,
+                    promotion.scores(metrics),
+                ),
+                "champion_promote_retry",
+                job=job,
+            )
+
+    async def _current_champion(self, context: JobContext) -> str | None:
+        if self._champions is None:
+            return None
+        return await self._retrying(
+            functools.partial(self._champions.current, context.rule, context.key),
+            "champion_lookup_retry",
+            job=context.job,
+        )
 
     async def _finish(self, key: str, finished: JobFinished) -> tuple[DecisionRecord, ...]:
         state, records = engine.observe(
@@ -278,12 +366,25 @@ class Orchestrator:
 
     async def _launch(self, request: TrainingRequest) -> bool:
         """Launch *request*, retrying while the backend is unavailable; False if refused."""
+        request = await self._with_champion(request)
         await self._completions.record_launch(request)
         if self._rules.limits.max_concurrent_jobs is None:
             return await self._launch_now(request)
         async with self._slots:
             await self._wait_for_a_slot(request)
             return await self._launch_now(request)
+
+    async def _with_champion(self, request: TrainingRequest) -> TrainingRequest:
+        """*request* with the champion its adapter will be compared with, for a rule with
+        `promote:`. A replayed launch keeps the champion its first attempt recorded, so the
+        job the backend finds again is judged against the adapter it was given."""
+        if request.promotion is None:
+            return request
+        known = await self._completions_store.load(request.name)
+        if known is not None and known.context is not None:
+            return replace(request, champion_uri=known.context.champion_uri)
+        context = JobContext.from_request(request)
+        return replace(request, champion_uri=await self._current_champion(context))
 
     async def _wait_for_a_slot(self, request: TrainingRequest) -> None:
         """Hold *request* while `limits.max_concurrent_jobs` jobs are active.
@@ -347,3 +448,26 @@ class Orchestrator:
                 log.warning(retry_event, attempt=attempt, wait_s=wait, error=str(exc), **context)
                 await self._sleep(wait)
                 delay = min(delay * 2, self._retry.max_delay)
+
+
+def _promotion_record(
+    record: CompletionRecord | None, observation: Observation
+) -> DecisionRecord | None:
+    """The audit record of the gate's decision about a job that succeeded: `promote` or
+    `decline`, about the events that caused the job, so `tuneloop explain --event` follows an
+    event to whether its adapter became the champion."""
+    if record is None or record.context is None or record.promotion is None:
+        return None
+    context, decision = record.context, record.promotion
+    return DecisionRecord(
+        outcome=Outcome.PROMOTE if decision.promoted else Outcome.DECLINE,
+        reason=Reason(decision.verdict.value),
+        rule=context.rule,
+        rule_version=context.rule_version,
+        key=context.key,
+        time=observation.at,
+        event_ids=context.causing_event_ids,
+        message=decision.reason,
+        job_name=context.job,
+        trace=context.trace,
+    )

@@ -133,6 +133,10 @@ class InMemoryBackend:
         job = self._jobs.get(name)
         return job.phase if job is not None else None
 
+    def request_of(self, name: str) -> TrainingRequest:
+        """The request job *name* was launched with (KeyError if it never was)."""
+        return self._jobs[name].request
+
     @property
     def job_names(self) -> tuple[str, ...]:
         """Names of every job launched, in launch order."""

@@ -334,6 +334,8 @@ _SAYS = {
     Outcome.CANCEL: "cancelled a job",
     Outcome.ERROR: "failed on it",
     Outcome.IGNORE: "ignored it",
+    Outcome.PROMOTE: "promoted the adapter of the job it caused",
+    Outcome.DECLINE: "kept the champion over the adapter of the job it caused",
 }
 """What each outcome means, said of one event."""
 

@@ -41,6 +41,7 @@ from orchestrator.jobs.model import (
     Observation,
     TrainingRequest,
 )
+from orchestrator.jobs.promotion import PromotionDecision
 from orchestrator.jobs.tracking import Milestone, next_transition
 from orchestrator.ports import EventPublisher
 from orchestrator.vocabulary import output
@@ -57,6 +58,9 @@ class CompletionRecord:
     announced: tuple[Milestone, ...] = ()
     started_at: datetime | None = None
     """When the job was first seen running."""
+    promotion: PromotionDecision | None = None
+    """What the promotion gate decided about the job's adapter, recorded before the champion
+    moves and before `finetune.completed` says it: a replay announces the same decision."""
 
 
 class CompletionStore(Protocol):
@@ -115,6 +119,11 @@ class CompletionPublisher:
         return record is not None and (
             Milestone.COMPLETED in record.announced or Milestone.FAILED in record.announced
         )
+
+    async def record_promotion(self, job: str, decision: PromotionDecision) -> None:
+        """Remember the gate's *decision* about *job*; `finetune.completed` will carry it."""
+        record = await self._store.load(job) or CompletionRecord(job=job)
+        await self._store.save(replace(record, promotion=decision))
 
     async def announce_rejection(
         self,
@@ -185,6 +194,7 @@ class CompletionPublisher:
                 result=observation.result or JobResult(),
                 launched_at=context.launched_at,
                 started_at=record.started_at,
+                promotion=record.promotion,
             )
         else:
             event = output.finetune_failed(

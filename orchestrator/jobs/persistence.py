@@ -1,7 +1,9 @@
 """JSON forms of the completion records, for durable stores (a faust Table, a file).
 
 Called by the stores in `handlers/app.py`; the format is versioned so that an old worker
-never misreads a record written by a newer one.
+never misreads a record written by a newer one. Format 2 added the promotion policy and the
+champion of a job's context, and the gate's decision; format 1 records read as jobs without
+promotion.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from typing import Any
 
 from orchestrator.jobs.completion import CompletionRecord
 from orchestrator.jobs.model import JobContext, JobPhase, TraceContext
+from orchestrator.jobs.promotion import PromotionDecision, PromotionPolicy
 from orchestrator.jobs.tracking import Milestone
 from orchestrator.ledger import format_time, parse_time
 
-FORMAT = 1
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 
 def record_to_json(record: CompletionRecord) -> dict[str, Any]:
@@ -26,6 +30,7 @@ def record_to_json(record: CompletionRecord) -> dict[str, Any]:
         "phase": record.phase.value if record.phase is not None else None,
         "announced": [m.value for m in record.announced],
         "started_at": format_time(record.started_at) if record.started_at else None,
+        "promotion": record.promotion.to_json() if record.promotion else None,
         "context": None
         if context is None
         else {
@@ -43,6 +48,8 @@ def record_to_json(record: CompletionRecord) -> dict[str, Any]:
             "launched_at": format_time(context.launched_at) if context.launched_at else None,
             "traceparent": context.trace.traceparent if context.trace else None,
             "tracestate": context.trace.tracestate if context.trace else None,
+            "promotion": context.promotion.to_json() if context.promotion else None,
+            "champion_uri": context.champion_uri,
         },
     }
 
@@ -53,7 +60,7 @@ def record_from_json(data: Mapping[str, Any]) -> CompletionRecord:
     Raises:
         ValueError: *data* was written in another format.
     """
-    if data.get("format") != FORMAT:
+    if data.get("format") not in READABLE_FORMATS:
         raise ValueError(f"unknown completion record format {data.get('format')!r}")
     raw = data.get("context")
     context = None
@@ -72,6 +79,8 @@ def record_from_json(data: Mapping[str, Any]) -> CompletionRecord:
             output_uri=raw.get("output_uri"),
             launched_at=parse_time(raw["launched_at"]) if raw.get("launched_at") else None,
             trace=TraceContext.of(raw),
+            promotion=PromotionPolicy.from_json(raw["promotion"]) if raw.get("promotion") else None,
+            champion_uri=raw.get("champion_uri"),
         )
     return CompletionRecord(
         job=data["job"],
@@ -79,4 +88,5 @@ def record_from_json(data: Mapping[str, Any]) -> CompletionRecord:
         phase=JobPhase(data["phase"]) if data.get("phase") else None,
         announced=tuple(Milestone(m) for m in data.get("announced", ())),
         started_at=parse_time(data["started_at"]) if data.get("started_at") else None,
+        promotion=PromotionDecision.from_json(data["promotion"]) if data.get("promotion") else None,
     )

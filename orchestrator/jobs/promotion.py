@@ -124,6 +124,8 @@ class PromotionDecision:
     """The champion's score of `policy.metric` on the same split."""
     champion_uri: str | None = None
     """The champion the candidate was compared with (None: there was none)."""
+    candidate_uri: str | None = None
+    """The candidate adapter judged: the one that becomes the champion when promoted."""
 
     @property
     def promoted(self) -> bool:
@@ -136,6 +138,7 @@ class PromotionDecision:
             "candidate": self.candidate,
             "champion": self.champion,
             "champion_uri": self.champion_uri,
+            "candidate_uri": self.candidate_uri,
             "verdict": self.verdict.value,
             "reason": self.reason,
         }
@@ -155,6 +158,7 @@ class PromotionDecision:
                 candidate=_optional_float(data.get("candidate")),
                 champion=_optional_float(data.get("champion")),
                 champion_uri=data.get("champion_uri"),
+                candidate_uri=data.get("candidate_uri"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a promotion decision: {exc!r}") from exc
@@ -193,6 +197,7 @@ def decide(  # noqa: PLR0911 -- one return per rule of the module docstring, in 
             candidate=candidate,
             champion=champion,
             champion_uri=evaluated_champion,
+            candidate_uri=adapter_uri,
         )
 
     candidate = _score(metrics.get(metric))
@@ -253,6 +258,12 @@ def decide(  # noqa: PLR0911 -- one return per rule of the module docstring, in 
         candidate,
         champion,
     )
+
+
+def scores(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The candidate's scores among *metrics*: every gate metric it has as a finite number
+    (what the champion store keeps with a promoted adapter)."""
+    return {name: score for name in METRICS if (score := _score(metrics.get(name))) is not None}
 
 
 def _score(value: Any) -> float | None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from orchestrator.events import CloudEvent, ExtensionValue
 from orchestrator.jobs.model import JobPhase, JobRef, JobResult, TrainingRequest
+from orchestrator.jobs.promotion import PromotionDecision
 
 DEFAULT_SOURCE = "/tuneloop/orchestrator"
 """`source` of tuneloop's own events unless the deployment names itself otherwise."""
@@ -39,6 +40,9 @@ class EventType(enum.StrEnum):
     FINETUNE_COMPLETED = "io.tuneloop.finetune.completed.v1"
     FINETUNE_FAILED = "io.tuneloop.finetune.failed.v1"
     DECISION = "io.tuneloop.decision.v1"
+    ADAPTER_SERVED = "io.tuneloop.adapter.served.v1"
+    """Published by `tuneloop handoff` (`orchestrator/handoff/announcing.py`)."""
+    ADAPTER_HANDOFF_FAILED = "io.tuneloop.adapter.handoff_failed.v1"
 
 
 def finetune_started(
@@ -63,10 +67,16 @@ def finetune_completed(
     launched_at: datetime | None = None,
     started_at: datetime | None = None,
     source: str = DEFAULT_SOURCE,
+    promotion: PromotionDecision | None = None,
 ) -> CloudEvent:
-    """The job of *request* succeeded at *at*; *result* says where the adapter is."""
+    """The job of *request* succeeded at *at*; *result* says where the adapter is. With the
+    gate's *promotion* decision (a rule with `promote:`), `promoted` and `promotion` say
+    whether the adapter became the champion, both scores and why; without, both are absent."""
     data = _common(request, job, JobPhase.SUCCEEDED)
     data.update(_finished(request, at, result, launched_at=launched_at, started_at=started_at))
+    if promotion is not None:
+        data["promoted"] = promotion.promoted
+        data["promotion"] = promotion.to_json()
     return _event(
         EventType.FINETUNE_COMPLETED, "completed", request, at=at, source=source, data=data
     )

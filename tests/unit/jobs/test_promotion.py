@@ -13,6 +13,7 @@ from orchestrator.jobs.promotion import (
     PromotionPolicy,
     Verdict,
     decide,
+    scores,
 )
 
 CANDIDATE = "s3://adapters/ft-new"
@@ -215,6 +216,7 @@ def test_the_gate_decides_each_case_of_the_table(
     assert (decision.verdict, decision.candidate, decision.champion) == expected
     assert decision.promoted is (verdict in (Verdict.NO_CHAMPION, Verdict.BETTER))
     assert decision.champion_uri == at_launch
+    assert decision.candidate_uri == adapter
     assert decision.policy == policy
 
 
@@ -276,6 +278,7 @@ def test_a_decision_reads_back_from_its_json_as_it_was():
         candidate=0.5,
         champion=0.75,
         champion_uri=CHAMPION,
+        candidate_uri=CANDIDATE,
     )
     written = decision.to_json()
     assert written == {
@@ -285,7 +288,19 @@ def test_a_decision_reads_back_from_its_json_as_it_was():
         "candidate": 0.5,
         "champion": 0.75,
         "champion_uri": CHAMPION,
+        "candidate_uri": CANDIDATE,
         "verdict": "not-better",
         "reason": "token_accuracy 0.5 against the champion's 0.75: worse",
     }
     assert PromotionDecision.from_json(written) == decision
+
+
+def test_the_scores_kept_with_a_champion_are_its_finite_gate_metrics():
+    metrics = {"eval_loss": 1.5, "perplexity": math.inf, "token_accuracy": 1, "steps": 3}
+    assert scores(metrics) == {"eval_loss": 1.5, "token_accuracy": 1.0}
+
+
+def test_every_verdict_is_a_reason_an_audit_record_can_carry():
+    from orchestrator.ledger import Reason
+
+    assert {verdict.value for verdict in Verdict} <= {reason.value for reason in Reason}
