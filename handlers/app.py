@@ -12,8 +12,9 @@ What runs inside one worker (one faust app, one consumer group):
 - the intake (`handlers/intake.py`): decode, validate, dedup, dead-letter, and re-key each
   event by the rule engine's `route()`;
 - the keyed agent's sink: `Orchestrator.handle` (`orchestrator/service.py`) with the rule state
-  per key and the completion record per job in faust Tables (changelog topics: state survives
-  restarts and moves with its partition on a rebalance);
+  per key, the completion record per job and the champion adapter per rule and key (rules
+  with `promote:`) in faust Tables (changelog topics: state survives restarts and moves with
+  its partition on a rebalance);
 - the observation pump: the backend's phase changes, sent as internal signals onto the keyed
   topic under the job's rule key, so the key's owner announces them and releases concurrency;
 - the ticker: timers of local keys that fell due (debounce, held events, deferred launches),
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -63,7 +64,12 @@ from orchestrator.jobs.model import JobPhase, JobRef
 from orchestrator.jobs.persistence import record_from_json, record_to_json
 from orchestrator.jobs.tracking import Milestone
 from orchestrator.ledger import DecisionRecord, Outcome
-from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs, TrainingBackend
+from orchestrator.ports import (
+    ChampionStore,
+    RecallsJobContext,
+    RemovesFinishedJobs,
+    TrainingBackend,
+)
 from orchestrator.rules import engine, loading
 from orchestrator.rules.engine import KeyState, RuleSet
 from orchestrator.service import Orchestrator
@@ -77,6 +83,7 @@ FINISHED_JOB_RETENTION = timedelta(days=1)
 FINISHED_JOB_SWEEP_SECONDS = 600.0
 RULE_STATE_TABLE = "tuneloop-rule-state"
 JOBS_TABLE = "tuneloop-jobs"
+CHAMPIONS_TABLE = "tuneloop-champions"
 
 
 class TableKeyStates:
@@ -172,6 +179,39 @@ class TableCompletions:
         return counts
 
 
+class TableChampions:
+    """`ChampionStore` on a faust Table: `<rule>/<key>` -> the champion adapter, with the job
+    that made it and its scores.
+
+    The champion of a rule and key is read and moved only by the keyed agent that owns the
+    key's partition (at a launch, and when a job of the key succeeded), so the Table's
+    partition is the key's, like the rule state's: it survives restarts through its changelog
+    topic and moves with the key on a rebalance, on either backend, with no storage of its
+    own to configure. (Rule names hold no `/`, so the Table key is unambiguous.)
+    """
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+
+    async def current(self, rule: str, key: str) -> str | None:
+        raw = self._table.get(f"{rule}/{key}")
+        return str(raw["adapter_uri"]) if raw else None
+
+    async def promote(
+        self,
+        rule: str,
+        key: str,
+        adapter_uri: str,
+        job_name: str,
+        scores: Mapping[str, float],
+    ) -> None:
+        self._table[f"{rule}/{key}"] = {
+            "adapter_uri": adapter_uri,
+            "job": job_name,
+            "scores": dict(scores),
+        }
+
+
 class FaustTopicPublisher:
     """The worker's `EventPublisher`: tuneloop's events go out through faust's own producer.
 
@@ -229,6 +269,7 @@ def build_worker(
     tick_interval: float = 1.0,
     reload_interval: float = 2.0,
     tracing: Tracing | None = None,
+    champions: ChampionStore | None = None,
     **faust_options: Any,
 ) -> Worker:
     """Wire a worker, in construction order (see the module docstring).
@@ -243,6 +284,8 @@ def build_worker(
         reload_interval: seconds between looks for changed rule files.
         tracing: where decision spans go; from OpenTelemetry's standard variables when
             omitted (`handlers/tracing.py`: a no-op unless an OTLP endpoint is set).
+        champions: where each rule and key's champion adapter is (rules with `promote:`);
+            a faust Table of this worker (`TableChampions`) when omitted.
         **faust_options: passed to `faust.App` (e.g. `broker_commit_interval` in tests).
 
     Raises:
@@ -261,6 +304,8 @@ def build_worker(
     partitions = kafka.internal_partitions
     states = TableKeyStates(app.Table(RULE_STATE_TABLE, default=None, partitions=partitions))
     completions = TableCompletions(app.Table(JOBS_TABLE, default=None, partitions=partitions))
+    if champions is None:
+        champions = TableChampions(app.Table(CHAMPIONS_TABLE, default=None, partitions=partitions))
     seen = seen_events(app, kafka)
     orchestrator = Orchestrator(
         rules=rules,
@@ -272,6 +317,7 @@ def build_worker(
         audit_topic=kafka.topic_audit,
         output_topic=kafka.topic_out,
         why_not_per_minute=settings.worker.why_not_per_minute,
+        champions=champions,
     )
     worker_tasks: set[asyncio.Task[None]] = set()
 
