@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from types import MappingProxyType
 from typing import TypeVar
 
 from orchestrator.errors import ConfigError
@@ -352,6 +354,85 @@ class KafkaSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HandoffSettings:
+    """What `tuneloop handoff` does: which servers get which model's promoted adapters.
+
+    Environment variables are `TUNELOOP_HANDOFF_<FIELD>` in upper case, e.g.
+    `TUNELOOP_HANDOFF_TARGETS`. docs/inference.md explains the hand-off.
+    """
+
+    targets: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """Model -> base URLs of the vLLM servers that serve it, as a JSON object in the
+    environment: `{"<model>": ["http://vllm-a:8000", ...], "*": [...]}`; `*` is for every
+    model without its own entry. The model is the completion's `model` (a rule's model id,
+    else its key). Default none: `tuneloop handoff` refuses to start without a target."""
+
+    paths: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Adapter URI prefix -> the path prefix where the servers read those adapters, as a JSON
+    object (`{"s3://adapters/": "/mnt/adapters/"}`); the longest matching prefix wins.
+    Default none: `file://` URIs and absolute paths are passed as they are, and an adapter
+    under any other scheme fails with `adapter-not-reachable`."""
+
+    group_id: str = "tuneloop-handoff"
+    """Consumer group on the completion topic; its own, so the hand-off reads every
+    completion whatever the workers do. Default `tuneloop-handoff`."""
+
+    topic_in: str | None = None
+    """Where the completions are read. Default none: `TUNELOOP_KAFKA_TOPIC_OUT`."""
+
+    topic_out: str | None = None
+    """Where `adapter.served` and `adapter.handoff_failed` go. Default none:
+    `TUNELOOP_KAFKA_TOPIC_OUT`, so that one topic tells a job's story to the end."""
+
+    topic_ledger: str = "tuneloop.handoff.ledger"
+    """The compacted topic of the ledger (what each target serves and was asked to serve),
+    read whole at start. Default `tuneloop.handoff.ledger`."""
+
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer token of the servers (vLLM's `--api-key`); never logged. Default none."""
+
+    request_timeout: float = 120.0
+    """Seconds one call to a server may take before it counts as unavailable. Default 120:
+    loading an adapter and the first completion with it take seconds on a CPU."""
+
+    smoke_prompt: str = "Hello"
+    """The prompt of the smoke-test completion (`model=<lora_name>`). Default `Hello`."""
+
+    smoke_max_tokens: int = 4
+    """Tokens the smoke test asks for. Default 4: it proves the adapter answers, no more."""
+
+    retry_first_delay: float = 1.0
+    """Seconds before a target that did not answer is tried again; doubled after each
+    failure. Default 1."""
+
+    retry_max_delay: float = 60.0
+    """The longest wait between two tries of one target. Default 60."""
+
+    retry_report_after: int = 5
+    """Tries of a target that does not answer before `handoff_failed` (`will_retry: true`)
+    is published; the hand-off keeps trying after it. Default 5 (about 15 s)."""
+
+    def __post_init__(self) -> None:
+        for name in ("request_timeout", "retry_first_delay", "smoke_max_tokens"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"TUNELOOP_HANDOFF_{name.upper()} must be positive")
+        if self.retry_max_delay < self.retry_first_delay:
+            raise ConfigError(
+                "TUNELOOP_HANDOFF_RETRY_MAX_DELAY must be at least "
+                "TUNELOOP_HANDOFF_RETRY_FIRST_DELAY"
+            )
+        if self.retry_report_after < 1:
+            raise ConfigError("TUNELOOP_HANDOFF_RETRY_REPORT_AFTER must be at least 1")
+        for model, urls in self.targets.items():
+            for url in urls:
+                if not url.startswith(("http://", "https://")):
+                    raise ConfigError(
+                        f"TUNELOOP_HANDOFF_TARGETS: {url!r} (for {model!r}) is not an "
+                        "http:// or https:// URL"
+                    )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """All of tuneloop's process settings."""
 
@@ -363,6 +444,9 @@ class Settings:
 
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     """The Kubernetes backend (used only with `backend: kubernetes`)."""
+
+    handoff: HandoffSettings = field(default_factory=HandoffSettings)
+    """`tuneloop handoff`: the serving targets of promoted adapters."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -380,6 +464,7 @@ class Settings:
             worker=_worker_from_env(_EnvReader(env, ENV_PREFIX)),
             kafka=_kafka_from_env(_EnvReader(env, f"{ENV_PREFIX}KAFKA_")),
             kubernetes=_kubernetes_from_env(_EnvReader(env, f"{ENV_PREFIX}KUBERNETES_")),
+            handoff=_handoff_from_env(_EnvReader(env, f"{ENV_PREFIX}HANDOFF_")),
         )
 
 
@@ -528,6 +613,49 @@ def _kafka_from_env(env: _EnvReader) -> KafkaSettings:
         dedup_max_entries=_or(env.integer("dedup_max_entries"), defaults.dedup_max_entries),
         output_mode=_or(env.choice("output_mode", OutputMode), defaults.output_mode),
     )
+
+
+def _handoff_from_env(env: _EnvReader) -> HandoffSettings:
+    defaults = HandoffSettings()
+    targets: dict[str, tuple[str, ...]] = {}
+    for model, urls in _json_object(env, "targets").items():
+        listed = [urls] if isinstance(urls, str) else urls
+        if not isinstance(listed, list) or not all(isinstance(url, str) for url in listed):
+            raise ConfigError(
+                f"{env.name('targets')}: the servers of {model!r} must be a URL or a list of URLs"
+            )
+        targets[model] = tuple(url.strip().rstrip("/") for url in listed if url.strip())
+    paths = _json_object(env, "paths")
+    if not all(isinstance(path, str) for path in paths.values()):
+        raise ConfigError(f"{env.name('paths')}: every value must be a path prefix (a string)")
+    return HandoffSettings(
+        targets=MappingProxyType(targets),
+        paths=MappingProxyType({prefix: str(path) for prefix, path in paths.items()}),
+        group_id=env.raw("group_id") or defaults.group_id,
+        topic_in=env.raw("topic_in"),
+        topic_out=env.raw("topic_out"),
+        topic_ledger=env.raw("topic_ledger") or defaults.topic_ledger,
+        api_key=env.raw("api_key"),
+        request_timeout=_or(env.number("request_timeout"), defaults.request_timeout),
+        smoke_prompt=env.raw("smoke_prompt") or defaults.smoke_prompt,
+        smoke_max_tokens=_or(env.integer("smoke_max_tokens"), defaults.smoke_max_tokens),
+        retry_first_delay=_or(env.number("retry_first_delay"), defaults.retry_first_delay),
+        retry_max_delay=_or(env.number("retry_max_delay"), defaults.retry_max_delay),
+        retry_report_after=_or(env.integer("retry_report_after"), defaults.retry_report_after),
+    )
+
+
+def _json_object(env: _EnvReader, key: str) -> dict[str, object]:
+    text = env.raw(key)
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{env.name(key)} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{env.name(key)} must be a JSON object")
+    return value
 
 
 def _or(value: _T | None, default: _T) -> _T:
