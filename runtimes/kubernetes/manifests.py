@@ -12,7 +12,10 @@ What goes where (Trainer v2.3.0, see docs/kubernetes.md):
   (the newest kept, trimmed to `Settings.causing_ids_budget` bytes, the count of the
   dropped ones recorded) and what the completion event needs (base model, dataset, runtime,
   output URI, and the producer's trace context as `tuneloop.io/traceparent` and
-  `tuneloop.io/tracestate` when its event carried one).
+  `tuneloop.io/tracestate` when its event carried one); for a rule with `promote:`, the
+  policy as JSON (`tuneloop.io/promotion`) and the champion the trainer compares with
+  (`tuneloop.io/champion`, which is also its `--champion-uri`), so a worker with no record
+  of the job still judges it as it was launched.
 * `spec.runtimePatches[manager=tuneloop.io/orchestrator]` - the same labels and annotations
   on the JobSet and on the pods of every replicated job: TrainJob labels are not copied
   to pods by the Trainer.
@@ -64,6 +67,8 @@ RUNTIME = "tuneloop.io/runtime"
 OUTPUT_URI = "tuneloop.io/output-uri"
 TRACEPARENT = "tuneloop.io/traceparent"
 TRACESTATE = "tuneloop.io/tracestate"
+PROMOTION = "tuneloop.io/promotion"
+CHAMPION = "tuneloop.io/champion"
 
 MAX_NAME_LENGTH = 33
 """Longest job name that keeps every runtime's generated pod names valid (research §1.1)."""
@@ -211,6 +216,12 @@ def annotations_for(
         annotations[TRACEPARENT] = request.trace.traceparent
         if request.trace.tracestate:
             annotations[TRACESTATE] = request.trace.tracestate
+    if request.promotion is not None:
+        annotations[PROMOTION] = json.dumps(
+            request.promotion.to_json(), separators=(",", ":"), sort_keys=True
+        )
+        if request.champion_uri is not None:
+            annotations[CHAMPION] = request.champion_uri
     return annotations
 
 

@@ -22,8 +22,10 @@ How the trainer reports its result (the decision, documented in docs/kubernetes.
    (name/value strings) fill in metrics the file does not have. The trainer pushes them while
    it runs and, once the adapter is written, a last report with every numeric metric of
    `result.json` (`runtimes/trainer/kubeflow_status.py`), so without a shared volume the
-   completion event still gets the final metrics. Tests without the Trainer controller patch
-   that status the way its status server would.
+   completion event still gets the final metrics, the evaluation's among them (`eval_loss`,
+   `perplexity`, `token_accuracy`, `champion_*`, which a promotion gate compares; a
+   `champion_error` value is the one that stays text). Tests without the Trainer controller
+   patch that status the way its status server would.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from orchestrator.jobs.model import JobContext, JobResult, TraceContext
+from orchestrator.jobs.promotion import PromotionPolicy
 from runtimes.kubernetes import manifests
 from runtimes.trainer import kubeflow_status
 
@@ -165,7 +168,21 @@ def context_of_trainjob(obj: Mapping[str, Any]) -> JobContext | None:
                 "tracestate": annotations.get(manifests.TRACESTATE),
             }
         ),
+        promotion=_promotion_of(annotations),
+        champion_uri=annotations.get(manifests.CHAMPION),
     )
+
+
+def _promotion_of(annotations: Mapping[str, str]) -> PromotionPolicy | None:
+    """The rule's promotion policy the builder wrote, None if none (or unreadable)."""
+    text = annotations.get(manifests.PROMOTION)
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        return PromotionPolicy.from_json(data) if isinstance(data, dict) else None
+    except ValueError:
+        return None
 
 
 def parse_timestamp(value: Any) -> datetime | None:
