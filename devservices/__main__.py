@@ -1,8 +1,8 @@
-"""`python -m devservices prepare [kafka] [kubernetes] [control-plane] [helm] [object-storage]`:
-resolve Kafka's jars, build the Kubernetes API server and etcd, the local control plane with
-the real controllers (kube-apiserver, kube-controller-manager, JobSet, Kubeflow Trainer), helm
-for the chart's tests, and s3proxy (the S3 server of the storage tests), once, into
-~/.cache/tuneloop.
+"""`python -m devservices prepare [kafka] [kubernetes] [helm] [object-storage] [mlflow]`:
+resolve Kafka's jars, build the local control plane (etcd, kube-apiserver,
+kube-controller-manager, the JobSet and Kubeflow Trainer controllers), helm for the chart's
+tests, s3proxy (the S3 server of the storage tests) and the
+MLflow tracking server's venv, once, into ~/.cache/tuneloop.
 
 With no name, all of them (`make services`); `make demo` needs only Kafka.
 """
@@ -12,14 +12,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from devservices import control_plane, kafka, kubernetes, object_storage
+from devservices import control_plane, kafka, kubernetes, mlflow_server, object_storage
 
 PREPARERS: dict[str, Callable[[], None]] = {
     "kafka": kafka.prepare,
-    "kubernetes": kubernetes.prepare,
-    "control-plane": control_plane.prepare,
+    "kubernetes": control_plane.prepare,
     "helm": kubernetes.prepare_helm,
     "object-storage": object_storage.prepare,
+    "mlflow": mlflow_server.prepare,
 }
 
 
@@ -27,8 +27,8 @@ def main(argv: list[str]) -> int:
     names = argv[1:] or list(PREPARERS)
     if argv[:1] != ["prepare"] or any(name not in PREPARERS for name in names):
         print(
-            "usage: python -m devservices prepare [kafka] [kubernetes] [control-plane] [helm]"
-            " [object-storage]",
+            "usage: python -m devservices prepare [kafka] [kubernetes] [helm]"
+            " [object-storage] [mlflow]",
             file=sys.stderr,
         )
         return 2

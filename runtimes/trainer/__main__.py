@@ -11,7 +11,8 @@ is set), 1 unexpected failure or a storage failure (an upload that failed: no ma
 error is printed as one JSON line on stdout and written to `<output_dir>/failure.json`.
 Under torchrun (Kubeflow sets `PET_*`) every rank runs this; only rank 0 reports and writes.
 Rank 0 also reports progress and metrics to Kubeflow's status server when the TrainJob has one
-(`KUBEFLOW_TRAINER_SERVER_URL`, `runtimes/trainer/kubeflow_status.py`).
+(`KUBEFLOW_TRAINER_SERVER_URL`, `runtimes/trainer/kubeflow_status.py`), and logs the run to
+MLflow when `TUNELOOP_MLFLOW_TRACKING_URI` is set (`runtimes/tracking/`, docs/tracking.md).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = trainer_config.load(arguments, os.environ)
         output_dir = config.output_dir
+        from runtimes.tracking import reporting as tracking
         from runtimes.trainer import kubeflow_status, progress, training
 
         reporter = progress.make_reporter(
@@ -60,7 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         # In a TrainJob with Kubeflow's TrainJobStatus feature, rank 0 also reports there.
         reporter = kubeflow_status.wrap(reporter, os.environ, is_main=is_main)
-        training.run(config, reporter)
+        # With TUNELOOP_MLFLOW_TRACKING_URI, rank 0 also logs the run to MLflow; a tracking
+        # failure is a warning, never a failed run (runtimes/tracking/reporting.py).
+        with tracking.tracked(
+            reporter,
+            os.environ,
+            job=config.job_name,
+            params=config.to_mapping(),
+            is_main=is_main,
+        ) as tracked_reporter:
+            training.run(config, tracked_reporter)
     except ConfigError as exc:
         return _fail(InvalidTrainerConfigError(str(exc)), output_dir, is_main)
     except (TrainerError, StorageError) as exc:
