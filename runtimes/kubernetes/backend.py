@@ -90,8 +90,11 @@ class BackendSettings:
     manifests: manifests.Settings = field(default_factory=manifests.Settings)
 
     @classmethod
-    def from_settings(cls, kubernetes: KubernetesSettings) -> BackendSettings:
-        """The backend's settings from the `TUNELOOP_KUBERNETES_*` group of `Settings`."""
+    def from_settings(
+        cls, kubernetes: KubernetesSettings, *, mlflow_tracking_uri: str | None = None
+    ) -> BackendSettings:
+        """The backend's settings from the `TUNELOOP_KUBERNETES_*` group of `Settings`, and
+        the MLflow server the trainers log to (`TUNELOOP_MLFLOW_TRACKING_URI`; None: none)."""
         built = manifests.Settings()
         return cls(
             namespace=kubernetes.namespace,
@@ -106,6 +109,7 @@ class BackendSettings:
                 dataset_secret=kubernetes.dataset_secret,
                 model_secret=kubernetes.model_secret,
                 storage_secret=kubernetes.storage_secret,
+                mlflow_tracking_uri=mlflow_tracking_uri,
             ),
         )
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, JobRejectedError
 from orchestrator.jobs.model import TrainingRequest
+from runtimes import tracking
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeInfo
 from runtimes.trainer.config import ProgressMode, TrainerConfig
 
@@ -109,6 +110,10 @@ class Settings:
     """Secret the trainer's S3 endpoint, region and key pair come from (`STORAGE_SECRET_KEYS`,
     as env `valueFrom.secretKeyRef`): the TrainJob names the Secret, never the values. None:
     the pod's own credential chain (IRSA, workload identity) and AWS S3."""
+    mlflow_tracking_uri: str | None = None
+    """The MLflow server each trainer logs its run to, given to the trainer as
+    `TUNELOOP_MLFLOW_TRACKING_URI` with the job's `TUNELOOP_RUN_CONTEXT` (docs/tracking.md).
+    None: runs are not tracked, and the TrainJob carries neither variable."""
 
 
 STORAGE_SECRET_KEYS: tuple[tuple[str, bool], ...] = (
@@ -344,7 +349,16 @@ def build_trainjob(
         "image": settings.image,
         "command": list(settings.command),
         "args": args,
-        "env": [*env, *storage_env(settings.storage_secret)],
+        "env": [
+            *env,
+            *storage_env(settings.storage_secret),
+            *(
+                {"name": name, "value": value}
+                for name, value in tracking.trainer_environment(
+                    request, settings.mlflow_tracking_uri
+                ).items()
+            ),
+        ],
         "numNodes": request.resources.nodes,
         "numProcPerNode": request.resources.gpus_per_node or runtime.gpus_per_node or 1,
     }

@@ -5,6 +5,8 @@ work directory `<root>/<job name>/` that holds everything needed to find it agai
 
     request.json     the TrainingRequest, as launched
     config.json      the resolved TrainerConfig (the trainer reads it)
+    environment.json variables for the trainer besides the worker's own (with tracking: the
+                     MLflow server and the run's context, runtimes/tracking/context.py)
     launched.json    written just before the supervisor is spawned: never start it again
     started.json     written by the supervisor once the trainer runs
     stdout.log       the trainer's JSON progress lines (parsed into Observations)
@@ -52,7 +54,7 @@ from orchestrator.jobs.model import (
     Observation,
     TrainingRequest,
 )
-from runtimes import storage
+from runtimes import storage, tracking
 from runtimes.localprocess.supervisor import CANCEL_MARKER, write_json_atomically
 from runtimes.trainer.config import ProgressMode, TrainerConfig
 
@@ -103,6 +105,7 @@ class LocalProcessBackend:
         trainer_overrides: Mapping[str, Any] | None = None,
         environment: Mapping[str, str] | None = None,
         runtimes: Mapping[str, Mapping[str, Any]] | None = None,
+        tracking_uri: str | None = None,
     ) -> None:
         """
         Args:
@@ -117,6 +120,8 @@ class LocalProcessBackend:
                 overrides; a request naming another runtime is rejected (`RuntimeNotFound`).
                 None accepts every runtime name, so rule files written for a cluster run
                 unchanged on one machine.
+            tracking_uri: the MLflow server each trainer logs its run to (docs/tracking.md);
+                None: runs are not tracked.
         """
         if max_concurrent < 1:
             raise ConfigError("max_concurrent must be at least 1")
@@ -128,6 +133,7 @@ class LocalProcessBackend:
         self._overrides = dict(trainer_overrides or {})
         self._environment = dict(environment or {})
         self._runtimes = None if runtimes is None else {k: dict(v) for k, v in runtimes.items()}
+        self._tracking_uri = tracking_uri
         self._jobs: dict[str, _Job] = {}
         self._observers: set[asyncio.Queue[tuple[_Job, Observation]]] = set()
         self._pump: asyncio.Task[None] | None = None
@@ -160,6 +166,10 @@ class LocalProcessBackend:
             try:
                 directory.mkdir(parents=True, exist_ok=False)
                 (directory / "config.json").write_text(config.to_json())
+                write_json_atomically(
+                    directory / "environment.json",
+                    tracking.trainer_environment(request, self._tracking_uri),
+                )
                 sequence = self._next_sequence()
                 write_json_atomically(
                     directory / "request.json",
@@ -360,7 +370,12 @@ class LocalProcessBackend:
             "--config",
             str(job.directory / "config.json"),
         ]
-        environment = {**os.environ, **self._environment}
+        stored_environment = _read_json(job.directory / "environment.json") or {}
+        environment = {
+            **os.environ,
+            **self._environment,
+            **{str(name): str(value) for name, value in stored_environment.items()},
+        }
         # The trainer must import this project even when started from elsewhere.
         project_root = str(Path(__file__).resolve().parents[2])
         environment["PYTHONPATH"] = os.pathsep.join(
