@@ -80,7 +80,16 @@ def _default_text(value: ast.expr | None) -> str:
         for keyword in value.keywords:
             if keyword.arg == "default":
                 return ast.unparse(keyword.value)
+            if keyword.arg == "default_factory" and isinstance(keyword.value, ast.Lambda):
+                return _made(keyword.value.body)
     return ast.unparse(value)
+
+
+def _made(body: ast.expr) -> str:
+    """What a `default_factory` lambda makes: its body, unwrapped from a read-only view."""
+    if isinstance(body, ast.Call) and ast.unparse(body.func) == "MappingProxyType" and body.args:
+        return ast.unparse(body.args[0])
+    return ast.unparse(body)
 
 
 def _row(variable: str, field: Field) -> str:
@@ -118,6 +127,19 @@ def _kubernetes() -> list[str]:
     ]
 
 
+def _handoff() -> list[str]:
+    return [
+        "## The hand-off (`tuneloop handoff`, `TUNELOOP_HANDOFF_*`)",
+        "",
+        "`TARGETS` and `PATHS` are JSON objects; durations are seconds"
+        " ([inference.md](../inference.md)).",
+        "",
+        "| variable | default | meaning |",
+        "| --- | --- | --- |",
+        *_group("HandoffSettings", f"{core_settings.ENV_PREFIX}HANDOFF_"),
+    ]
+
+
 def _worker(cli: typer.Typer) -> list[str]:
     run = typer.main.get_command(cli).commands["run"]  # type: ignore[attr-defined]
     options = {param.name: param.opts[0] for param in run.params}
@@ -152,6 +174,8 @@ def settings_page(cli: typer.Typer) -> str:
         *_kafka(),
         "",
         *_kubernetes(),
+        "",
+        *_handoff(),
     ]
     return "\n".join(lines) + "\n"
 

@@ -9,6 +9,7 @@ import hypothesis  # noqa: F401
 pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.kubernetes",
+    "tests.fixtures.mlflow",
     "tests.fixtures.models",
     "tests.fixtures.object_storage",
 ]

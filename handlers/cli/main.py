@@ -11,6 +11,7 @@ import typer
 from handlers.cli import (
     demo_commands,
     event_commands,
+    handoff_commands,
     reference_commands,
     rule_commands,
     service_commands,
@@ -37,6 +38,7 @@ for module in (
     event_commands,
     tail_commands,
     worker_commands,
+    handoff_commands,
     demo_commands,
     service_commands,
     reference_commands,

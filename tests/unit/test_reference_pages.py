@@ -21,7 +21,9 @@ def test_the_committed_reference_page_matches_the_code(page, render):
     )
 
 
-@pytest.mark.parametrize("group", ["WorkerSettings", "KafkaSettings", "KubernetesSettings"])
+@pytest.mark.parametrize(
+    "group", ["WorkerSettings", "KafkaSettings", "KubernetesSettings", "HandoffSettings"]
+)
 def test_every_setting_has_a_docstring(group):
     undocumented = [f.name for f in fields_of(settings, group).values() if not f.doc]
     assert undocumented == []
