@@ -92,7 +92,14 @@ class TrainerConfig:
     """Held-out JSON Lines file or directory; when unset, `eval_fraction` of the dataset is
     held out."""
     eval_fraction: float = 0.1
-    """Share of the dataset held out for evaluation (0 disables evaluation)."""
+    """Share of the dataset held out for evaluation (0 disables evaluation); at least one
+    example is held out when the dataset has two or more. The split depends only on the
+    dataset and `seed`, so two runs with both the same evaluate on the same examples."""
+    champion_uri: str | None = None
+    """The current champion adapter (a directory, or a published `<output_uri>/<job>/`
+    folder, local or `s3://`): scored after training on the same held-out split as the new
+    adapter, as `champion_eval_loss`, ... (`runtimes/trainer/evaluation.py`). The orchestrator
+    sets it for a rule with `promote:` once a champion exists."""
     dataset_format: DatasetFormat = DatasetFormat.AUTO
     lora_r: int = 16
     lora_alpha: int = 32
@@ -166,6 +173,7 @@ class TrainerConfig:
             "dataset": dataset or request.dataset,
             "output_dir": str(output_dir),
             "eval_fraction": training.eval_fraction,
+            "champion_uri": request.champion_uri,
             "lora_r": lora.r,
             "lora_alpha": lora.alpha,
             "lora_dropout": lora.dropout,
@@ -352,6 +360,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "output_uri": _optional(_path_text),
     "eval_dataset": _optional(_path_text),
     "eval_fraction": float,
+    "champion_uri": _optional(_path_text),
     "dataset_format": DatasetFormat,
     "lora_r": _integer,
     "lora_alpha": _integer,

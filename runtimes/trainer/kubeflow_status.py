@@ -20,7 +20,10 @@ report carries every metric known so far; one value out of bounds fails the whol
 turns the run's events into reports: `started` (0 %), `progress` (at most one report per
 `interval` seconds), `eval`, and `completed` (100 %, with the final metrics of `result.json`,
 sent after the adapter is written and, with an `output_uri`, published: that report alone
-carries the adapter's URI, as `adapter_uri` metric(s)). A report that fails is logged on
+carries the adapter's URI, as `adapter_uri` metric(s), and the evaluation's scores of the
+candidate and the champion (`eval_loss`, `perplexity`, `token_accuracy`, `champion_*`, or the
+first 64 characters of `champion_error`, the one metric that is text; see
+`runtimes/trainer/evaluation.py`)). A report that fails is logged on
 stderr and never fails training; after a failure the next ones wait longer (up to
 `MAX_BACKOFF` seconds), so a server that is down costs little. The worker reads
 `status.trainerStatus` back (`runtimes/kubernetes/results.py`), so the completion event gets
@@ -64,6 +67,9 @@ ADAPTER_URI = "adapter_uri"
 """The metric naming where the adapter was published, in the final report only. A value is
 at most 64 characters, so a longer URI goes in pieces `adapter_uri.1`, `adapter_uri.2`, ...
 that `adapter_uri_of` (and runtimes/kubernetes/results.py) join again."""
+EVAL_LOSS = "eval_loss"
+CHAMPION_ERROR = "champion_error"
+"""Why the champion could not be evaluated: the one text metric (runtimes/trainer/evaluation.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +111,11 @@ def trainer_status(
     metrics: Mapping[str, float | int],
     now: datetime,
     adapter_uri: str | None = None,
+    texts: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """An `UpdateTrainJobStatusRequest` body, every value within the API's bounds; with
-    *adapter_uri*, the published location as `adapter_uri` metric(s) first."""
+    *adapter_uri*, the published location as `adapter_uri` metric(s) first; *texts* are
+    metrics whose value is text, cut to the 64 characters a value may have."""
     status: dict[str, Any] = {"lastUpdatedTime": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     if progress is not None:
         status["progressPercentage"] = max(0, min(100, int(progress)))
@@ -120,6 +128,11 @@ def trainer_status(
         if math.isfinite(value)
         for text in (_text(value),)
         if 0 < len(name) <= MAX_TEXT and len(text) <= MAX_TEXT
+    ]
+    items += [
+        {"name": name, "value": text[:MAX_TEXT]}
+        for name, text in (texts or {}).items()
+        if 0 < len(name) <= MAX_TEXT and text
     ]
     if adapter_uri:
         items = [*adapter_uri_metrics(adapter_uri), *items]
@@ -185,6 +198,7 @@ class KubeflowStatusReporter:
         self._wall_clock = wall_clock
         self._log = log
         self._metrics: dict[str, float | int] = {}
+        self._texts: dict[str, str] = {}
         self._adapter_uri: str | None = None
         self._next_report = float("-inf")
         self._failures = 0
@@ -228,10 +242,15 @@ class KubeflowStatusReporter:
         final = fields.get("metrics")
         if isinstance(final, Mapping):
             self._remember(**final)
+            # `eval_loss` is the evaluation's (the score a promotion gate compares) when the
+            # run evaluated, else the Trainer's loss after training.
             self._remember(
                 train_loss=final.get("train_loss_last"),
-                eval_loss=final.get("eval_loss_after"),
+                eval_loss=final.get(EVAL_LOSS, final.get("eval_loss_after")),
             )
+            error = final.get(CHAMPION_ERROR)
+            if isinstance(error, str) and error:
+                self._texts[CHAMPION_ERROR] = error
         # Only a published adapter has a URI (the trainer emits `completed` after the
         # publish succeeded); without output_uri the adapter stays in output_dir.
         uri = fields.get("adapter_uri")
@@ -248,6 +267,7 @@ class KubeflowStatusReporter:
             metrics=self._metrics,
             now=self._wall_clock(),
             adapter_uri=self._adapter_uri,
+            texts=self._texts,
         )
         try:
             self._server.post(body)

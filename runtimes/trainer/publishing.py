@@ -12,6 +12,7 @@ storage error itself reaches `__main__.py`, which exits with its code.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,10 @@ from runtimes.trainer.progress import Reporter
 RESULT = "result.json"
 METRICS = "metrics.json"
 DATA_CARD = "data_card.json"
+FAULT_STORE_GONE_AFTER = "TUNELOOP_FAULT_STORE_GONE_AFTER"
+"""Test hook: the store goes away once this many files of the publish are stored, as an S3
+server stopped halfway through it would: the publish fails (`AdapterUploadFailedError`,
+no manifest) at the next file."""
 
 
 def write_outputs(output_dir: Path, result: dict[str, Any]) -> None:
@@ -54,13 +59,20 @@ def publish(
     # The published result.json says where it lives, so a reader holding only it knows.
     _write_json_atomically(output_dir / RESULT, {**result, "adapter_uri": target})
     reporter.emit("publishing", adapter_uri=target)
+    stored: list[str] = []
+    gone_after = int(os.environ.get(FAULT_STORE_GONE_AFTER) or 0)
+
+    def uploaded(relative: str) -> None:
+        reporter.emit("uploaded", file=relative)
+        stored.append(relative)
+        if gone_after and len(stored) >= gone_after:
+            raise storage.AdapterUploadFailedError(
+                target, stored, "the next file", f"{FAULT_STORE_GONE_AFTER}={gone_after}"
+            )
+
     try:
         published = storage.publish_adapter(
-            output_dir,
-            output_uri,
-            job,
-            settings,
-            on_uploaded=lambda relative: reporter.emit("uploaded", file=relative),
+            output_dir, output_uri, job, settings, on_uploaded=uploaded
         )
     except storage.StorageError:
         (output_dir / RESULT).unlink(missing_ok=True)

@@ -7,7 +7,8 @@ bitwise-equal adapters), DDP under torchrun with Kubeflow's `PET_*` variables, m
 precision, and token counting. What it costs in speed is in the trainer rows of
 docs/performance.md, which compare this program with plain `Trainer` + peft.
 What we add around it: the three record shapes with masked loss, packing, per-architecture
-target modules, eval loss before/after, progress events, typed errors, atomic outputs written
+target modules, eval loss before/after, the candidate and the champion adapter scored alike
+on the held-out split (`evaluation.py`), progress events, typed errors, atomic outputs written
 by rank 0 only.
 
 Output layout under `output_dir`:
@@ -15,6 +16,7 @@ Output layout under `output_dir`:
     merged/           the base model with the adapter merged in (only with `merge=true`)
     checkpoints/      checkpoint-<step>/ every `save_steps` (the last `save_total_limit`)
     inputs/model/     a base model copied from an `s3://` prefix (never published)
+    inputs/champion/  the champion adapter copied from object storage (never published)
     metrics.json      the run's metrics
     data_card.json    what the adapter was trained on (parts, fingerprint, counts)
     result.json       written last: its presence means success
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from runtimes import storage
-from runtimes.trainer import base_models, data, publishing
+from runtimes.trainer import base_models, data, evaluation, publishing
 from runtimes.trainer.config import RESUME_AUTO, RESUME_NEVER, Precision, TrainerConfig
 from runtimes.trainer.errors import (
     InvalidTrainerConfigError,
@@ -365,6 +367,20 @@ def _run(  # noqa: PLR0915 -- one straight-line story of a run reads better spli
     }
     try:
         if is_main:
+            # Before the adapter is saved (and merged, which changes the base weights): the
+            # champion is scored as a second adapter on the same base model.
+            result["metrics"].update(
+                evaluation.evaluate(
+                    trainer.accelerator.unwrap_model(model),
+                    eval_set,
+                    batch_size=config.batch_size,
+                    pad_id=tokenizer.pad_token_id,
+                    champion_uri=config.champion_uri,
+                    settings=settings,
+                    fetch_into=output_dir / "inputs" / "champion",
+                    reporter=reporter,
+                )
+            )
             base.config.use_cache = use_cache
             _save_outputs(
                 trainer, model, tokenizer, adapter_dir, merged_dir if config.merge else None

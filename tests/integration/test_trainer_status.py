@@ -59,7 +59,9 @@ def test_a_run_reports_to_the_status_server_and_ends_with_its_final_metrics(
     metrics = {m["name"]: m["value"] for m in final["metrics"]}
     written = json.loads((tmp_path / "out" / "result.json").read_text())["metrics"]
     assert metrics["steps"] == "3"
-    assert float(metrics["eval_loss"]) == pytest.approx(written["eval_loss_after"])
+    # The evaluation's score, the one a promotion gate compares, as in result.json.
+    assert float(metrics["eval_loss"]) == pytest.approx(written["eval_loss"])
+    assert float(metrics["perplexity"]) == pytest.approx(written["perplexity"])
     assert float(metrics["train_loss"]) == pytest.approx(written["train_loss_last"])
 
 
