@@ -19,6 +19,11 @@ S3 settings, docs/storage.md), the trainer publishes to `<output_uri>/<job>/`, m
 last, and the completion's `adapter_uri` is that published location; else it is
 `output/adapter`. Either way it names something that exists: a failed publish fails the job.
 
+For a rule with `promote:` the request names the champion to compare with
+(`champion_uri`), which goes into `config.json` like every other setting: the trainer scores
+it beside the new adapter on the same held-out split, and the completion's metrics carry both
+(`eval_loss`, ..., `champion_eval_loss`, ...), which the service's promotion gate judges.
+
 A launch starts `python -m runtimes.localprocess.supervisor` (in its own session, so it
 outlives an orchestrator crash), which runs `python -m runtimes.trainer --config config.json`.
 At most `max_concurrent` jobs run at once; the rest wait, in launch order, in `Pending`.
