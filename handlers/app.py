@@ -257,6 +257,8 @@ class Worker:
     ingress: IngressStats = field(default_factory=IngressStats)
     dashboard: Dashboard | None = None
     """The read-only dashboard's pages, which the web server mounts (`handlers/dashboard/`)."""
+    champions: ChampionStore | None = None
+    """Where each rule and key's champion adapter is (rules with `promote:`)."""
 
 
 def build_worker(
@@ -285,7 +287,9 @@ def build_worker(
         tracing: where decision spans go; from OpenTelemetry's standard variables when
             omitted (`handlers/tracing.py`: a no-op unless an OTLP endpoint is set).
         champions: where each rule and key's champion adapter is (rules with `promote:`);
-            a faust Table of this worker (`TableChampions`) when omitted.
+            when omitted, MLflow's registry (the alias `champion`) if
+            `settings.mlflow.tracking_uri` is set, else a faust Table of this worker
+            (`TableChampions`).
         **faust_options: passed to `faust.App` (e.g. `broker_commit_interval` in tests).
 
     Raises:
@@ -304,6 +308,8 @@ def build_worker(
     partitions = kafka.internal_partitions
     states = TableKeyStates(app.Table(RULE_STATE_TABLE, default=None, partitions=partitions))
     completions = TableCompletions(app.Table(JOBS_TABLE, default=None, partitions=partitions))
+    if champions is None and settings.mlflow.tracking_uri is not None:
+        champions = mlflow_champions(settings)
     if champions is None:
         champions = TableChampions(app.Table(CHAMPIONS_TABLE, default=None, partitions=partitions))
     seen = seen_events(app, kafka)
@@ -384,6 +390,7 @@ def build_worker(
         publisher=publisher,
         counts=counts,
         background=worker_tasks,
+        champions=champions,
     )
     worker.dashboard = install_dashboard(
         app, kafka, rules=lambda: orchestrator.rules, key_states=states, clock=clock
@@ -597,6 +604,21 @@ def _signal_origin(topic: str) -> list[tuple[str, bytes]]:
     ]
 
 
+def mlflow_champions(settings: Settings) -> ChampionStore:
+    """The champion store on MLflow's registry at `settings.mlflow.tracking_uri`, with MLflow's
+    own credential variables (docs/tracking.md)."""
+    from runtimes.tracking import TrackingSettings
+    from runtimes.tracking.champions import MlflowChampionStore
+
+    return MlflowChampionStore(
+        TrackingSettings.from_env(
+            os.environ,
+            tracking_uri=settings.mlflow.tracking_uri,
+            request_timeout=settings.mlflow.request_timeout,
+        )
+    )
+
+
 def make_backend(settings: Settings, *, clock: Clock) -> TrainingBackend:
     """The backend `settings.worker.backend` names, ready for `build_worker`.
 
@@ -612,7 +634,12 @@ def make_backend(settings: Settings, *, clock: Clock) -> TrainingBackend:
         from runtimes.localprocess.backend import LocalProcessBackend
 
         root = worker.local_root or Path.home() / ".cache" / "tuneloop" / "jobs"
-        return LocalProcessBackend(root, max_concurrent=worker.local_max_jobs, clock=clock)
+        return LocalProcessBackend(
+            root,
+            max_concurrent=worker.local_max_jobs,
+            clock=clock,
+            tracking_uri=settings.mlflow.tracking_uri,
+        )
     from kubernetes import client as kube_client
     from kubernetes import config as kube_config
 
@@ -631,7 +658,11 @@ def make_backend(settings: Settings, *, clock: Clock) -> TrainingBackend:
             ) from None
         api_client = kube_client.ApiClient()
     return KubernetesBackend.from_api_client(
-        api_client, clock=clock, settings=BackendSettings.from_settings(settings.kubernetes)
+        api_client,
+        clock=clock,
+        settings=BackendSettings.from_settings(
+            settings.kubernetes, mlflow_tracking_uri=settings.mlflow.tracking_uri
+        ),
     )
 
 

@@ -140,6 +140,20 @@ def _handoff() -> list[str]:
     ]
 
 
+def _mlflow() -> list[str]:
+    return [
+        "## MLflow tracking and the champion (`TUNELOOP_MLFLOW_*`)",
+        "",
+        "Off unless `TRACKING_URI` is set; credentials are MLflow's own `MLFLOW_TRACKING_TOKEN`"
+        " or `MLFLOW_TRACKING_USERNAME`/`MLFLOW_TRACKING_PASSWORD`"
+        " ([tracking.md](../tracking.md)).",
+        "",
+        "| variable | default | meaning |",
+        "| --- | --- | --- |",
+        *_group("MlflowSettings", f"{core_settings.ENV_PREFIX}MLFLOW_"),
+    ]
+
+
 def _worker(cli: typer.Typer) -> list[str]:
     run = typer.main.get_command(cli).commands["run"]  # type: ignore[attr-defined]
     options = {param.name: param.opts[0] for param in run.params}
@@ -176,6 +190,8 @@ def settings_page(cli: typer.Typer) -> str:
         *_kubernetes(),
         "",
         *_handoff(),
+        "",
+        *_mlflow(),
     ]
     return "\n".join(lines) + "\n"
 

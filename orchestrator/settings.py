@@ -433,6 +433,40 @@ class HandoffSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MlflowSettings:
+    """Where runs are tracked and the champion of each rule and key is registered.
+
+    Environment variables are `TUNELOOP_MLFLOW_<FIELD>` in upper case, e.g.
+    `TUNELOOP_MLFLOW_TRACKING_URI`. MLflow's own `MLFLOW_TRACKING_TOKEN` (or
+    `MLFLOW_TRACKING_USERNAME` and `MLFLOW_TRACKING_PASSWORD`) authenticate; docs/tracking.md
+    explains what is logged.
+    """
+
+    tracking_uri: str | None = None
+    """`http(s)://` of an `mlflow server` (with `--serve-artifacts`, so that the adapter is
+    uploaded through it). When set, each job is a run of the experiment `tuneloop/<rule>`,
+    each finished job a version of the registered model `tuneloop.<rule>.<key>`, and the
+    champion of a rule with `promote:` is the version under the alias `champion` (instead of
+    the worker's own table). Both backends give it to the trainer. Default none: nothing is
+    tracked."""
+
+    request_timeout: float = 10.0
+    """Seconds one call to the server may take. Default 10: the trainer waits for each call,
+    and stops tracking a run after one that fails."""
+
+    def __post_init__(self) -> None:
+        if self.tracking_uri is not None and not self.tracking_uri.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError(
+                f"TUNELOOP_MLFLOW_TRACKING_URI={self.tracking_uri!r} is not an http:// or "
+                "https:// URL (tuneloop talks to an mlflow server, not to a store directly)"
+            )
+        if self.request_timeout <= 0:
+            raise ConfigError("TUNELOOP_MLFLOW_REQUEST_TIMEOUT must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """All of tuneloop's process settings."""
 
@@ -447,6 +481,9 @@ class Settings:
 
     handoff: HandoffSettings = field(default_factory=HandoffSettings)
     """`tuneloop handoff`: the serving targets of promoted adapters."""
+
+    mlflow: MlflowSettings = field(default_factory=MlflowSettings)
+    """MLflow tracking and the champion alias (off unless a tracking URI is set)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -465,6 +502,7 @@ class Settings:
             kafka=_kafka_from_env(_EnvReader(env, f"{ENV_PREFIX}KAFKA_")),
             kubernetes=_kubernetes_from_env(_EnvReader(env, f"{ENV_PREFIX}KUBERNETES_")),
             handoff=_handoff_from_env(_EnvReader(env, f"{ENV_PREFIX}HANDOFF_")),
+            mlflow=_mlflow_from_env(_EnvReader(env, f"{ENV_PREFIX}MLFLOW_")),
         )
 
 
@@ -612,6 +650,14 @@ def _kafka_from_env(env: _EnvReader) -> KafkaSettings:
         dedup_ttl=_or(env.seconds("dedup_ttl"), defaults.dedup_ttl),
         dedup_max_entries=_or(env.integer("dedup_max_entries"), defaults.dedup_max_entries),
         output_mode=_or(env.choice("output_mode", OutputMode), defaults.output_mode),
+    )
+
+
+def _mlflow_from_env(env: _EnvReader) -> MlflowSettings:
+    uri = env.raw("tracking_uri")
+    return MlflowSettings(
+        tracking_uri=uri.rstrip("/") if uri else None,
+        request_timeout=_or(env.number("request_timeout"), MlflowSettings().request_timeout),
     )
 
 
