@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from orchestrator.jobs.promotion import Mode, PromotionPolicy
+from orchestrator.jobs.promotion import Mode, PromotionPolicy, Verdict, decide
 from runtimes.kubernetes import manifests, results
 from tests.unit.kubernetes.golden_cases import BASIC, TORCH
 
@@ -73,3 +73,56 @@ def test_an_unreadable_policy_annotation_reads_as_no_policy():
 
     assert context is not None
     assert context.promotion is None
+
+
+def finished_with(trainer_metrics):
+    built = build(dataclasses.replace(BASIC, promotion=POLICY, champion_uri=CHAMPION))
+    built["status"] = {"trainerStatus": {"progressPercentage": 100, "metrics": trainer_metrics}}
+    return built
+
+
+def test_the_scores_in_trainer_status_come_back_as_numbers_for_the_gate():
+    obj = finished_with(
+        [
+            {"name": "adapter_uri", "value": "s3://adapters/ft-drift-model-a-3f9c2e1b"},
+            {"name": "token_accuracy", "value": "0.75"},
+            {"name": "champion_token_accuracy", "value": "0.5"},
+        ]
+    )
+
+    result = results.result_of(obj)
+    context = results.context_of_trainjob(obj)
+    assert context is not None
+    assert context.promotion is not None
+    decision = decide(
+        context.promotion,
+        adapter_uri=result.adapter_uri,
+        metrics=result.metrics,
+        evaluated_champion=context.champion_uri,
+        current_champion=CHAMPION,
+    )
+
+    assert (decision.candidate, decision.champion) == (0.75, 0.5)
+    assert decision.verdict is Verdict.BETTER
+
+
+def test_why_the_champion_could_not_be_scored_comes_back_as_text_and_keeps_it():
+    obj = finished_with(
+        [
+            {"name": "adapter_uri", "value": "s3://adapters/ft-drift-model-a-3f9c2e1b"},
+            {"name": "token_accuracy", "value": "0.75"},
+            {"name": "champion_error", "value": "no complete published adapter at s3://adap"},
+        ]
+    )
+
+    result = results.result_of(obj)
+    decision = decide(
+        POLICY,
+        adapter_uri=result.adapter_uri,
+        metrics=result.metrics,
+        evaluated_champion=CHAMPION,
+        current_champion=CHAMPION,
+    )
+
+    assert result.metrics["champion_error"] == "no complete published adapter at s3://adap"
+    assert decision.verdict is Verdict.CHAMPION_ERROR
