@@ -16,8 +16,9 @@ help:
 venv:
 	@scripts/bootstrap-python
 
-# Kafka jars and s3proxy (Maven); etcd, the Kubernetes API servers, the JobSet and Kubeflow
-# Trainer controllers and helm (Go): resolved or built into the cache once.
+# Kafka jars and s3proxy (Maven); the local control plane (etcd, kube-apiserver,
+# kube-controller-manager, the JobSet and Kubeflow Trainer controllers) and helm (Go):
+# resolved or built into the cache once.
 services: venv
 	$(PY) -m devservices prepare
 

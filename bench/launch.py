@@ -109,6 +109,11 @@ def run(*, quick: bool) -> list[dict[str, object]]:
             api = client.CustomObjectsApi(api_client)
             for round_number in range(rounds + 1):  # round 0 warms both sides up, not counted
                 tag = f"r{round_number}"
+                for side in ("bare", "ours"):
+                    # Held: the controllers act on every TrainJob, and no trainer runs.
+                    local_kubernetes.create_namespace(
+                        api_client, f"bench-{side}-{tag}", hold_pods=True
+                    )
                 backend = KubernetesBackend(
                     api,
                     clock=SystemClock(),

@@ -16,9 +16,13 @@ IP from `SERVICE_CLUSTER_IP_RANGE` for bookkeeping only, the API server publishe
 for itself, and the node agent gives pods no service environment variables and resolves pod
 and Service names to 127.0.0.1.
 
-`LocalControlPlane` is the one start/stop object; tests use it through
-`tests/fixtures/kubernetes.py` (opt-in, `TUNELOOP_CONTROL_PLANE=1`, until the suites are moved)
-and newcomers through `tuneloop services up --kubernetes`.
+It is the only local Kubernetes. `LocalControlPlane` is the one start/stop object: every
+Kubernetes suite shares one per test session through `tests/fixtures/kubernetes.py` (the
+`control_plane` and `kube_api` fixtures), the benchmarks get it from
+`devservices.kubernetes.connect()`, and newcomers from `tuneloop services up --kubernetes`.
+Suites that must not run trainers put their objects in namespaces labelled
+`tuneloop.io/node-agent=hold` (`devservices.kubernetes.create_namespace(hold_pods=True)`):
+the controllers act there, and the node agent leaves the pods Pending.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from devservices import kubernetes as apiextensions
+from devservices import kubernetes as local_kubernetes
 from devservices.kubernetes import (
     REPO_ROOT,
     Certificates,
@@ -121,12 +125,12 @@ def _build_module(
     bin_dir = cache / "bin"
     binaries = {Path(package).name: bin_dir / Path(package).name for package in packages}
     stamp = _module_stamp(directory)
-    if all(apiextensions.stamp_matches(binary, stamp) for binary in binaries.values()):
+    if all(local_kubernetes.stamp_matches(binary, stamp) for binary in binaries.values()):
         return binaries
-    apiextensions.progress(f"building {', '.join(binaries)} from {directory} (cold: {cold})")
+    local_kubernetes.progress(f"building {', '.join(binaries)} from {directory} (cold: {cold})")
     bin_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=bin_dir, prefix=f".{directory.name}-build-") as staging:
-        apiextensions.run_go(
+        local_kubernetes.run_go(
             ["build", "-trimpath", "-ldflags=-s -w", "-o", staging + "/", *packages],
             env=go_environment(cache),
             cwd=directory,
@@ -136,7 +140,7 @@ def _build_module(
         # Renamed into place: a half-written binary is never taken for a built one.
         for name, binary in binaries.items():
             os.replace(Path(staging) / name, binary)
-            apiextensions.write_stamp(binary, stamp)
+            local_kubernetes.write_stamp(binary, stamp)
     return binaries
 
 
@@ -156,7 +160,7 @@ def build_control_plane(cache: Path | None = None) -> ControlPlaneBinaries:
         KubernetesUnavailableError: Go is missing or a build failed (the log tail says why).
     """
     cache = cache or cache_root()
-    etcd = apiextensions.build_etcd(cache)
+    etcd = local_kubernetes.build_etcd(cache)
     kubernetes = _build_module(
         cache, KUBERNETES_WRAPPER_DIR, KUBERNETES_COMMANDS, cold="about 10 min on 2 cores"
     )
@@ -196,10 +200,10 @@ def installed_binaries(cache: Path | None = None) -> ControlPlaneBinaries | None
 
 
 def prepare() -> None:
-    """Entry point of `python -m devservices prepare control-plane`."""
+    """Entry point of `python -m devservices prepare kubernetes` (and of `make services`)."""
     started = time.monotonic()
     binaries = build_control_plane()
-    apiextensions.progress(
+    local_kubernetes.progress(
         f"control plane built in {time.monotonic() - started:.0f} s "
         f"into {binaries.kube_apiserver.parent}"
     )
@@ -251,7 +255,7 @@ def render_kube_apiserver_args(
     return (
         str(binary),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-        f"--etcd-prefix={apiextensions.ETCD_PREFIX}",
+        f"--etcd-prefix={local_kubernetes.ETCD_PREFIX}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
         f"--secure-port={ports.apiserver}",
@@ -458,7 +462,7 @@ class LocalControlPlane:
         self.kubeconfig = workdir / "kubeconfig.yaml"
         self._ports: ControlPlanePorts | None = None
         self._files: ControlPlaneFiles | None = None
-        self._processes: dict[str, apiextensions.ManagedProcess] = {}
+        self._processes: dict[str, local_kubernetes.ManagedProcess] = {}
         self._loaded = False
 
     @property
@@ -656,16 +660,12 @@ class LocalControlPlane:
             ),
         }
         self._processes = {
-            name: apiextensions.ManagedProcess(name, args, logs / f"{name}.log", extra_env=env)
+            name: local_kubernetes.ManagedProcess(name, args, logs / f"{name}.log", extra_env=env)
             for name, (args, env) in definitions.items()
         }
 
-    def _etcd_ports(self) -> apiextensions.Ports:
-        return apiextensions.Ports(
-            etcd_client=self.ports.etcd_client,
-            etcd_peer=self.ports.etcd_peer,
-            apiserver=self.ports.apiserver,
-        )
+    def _etcd_ports(self) -> local_kubernetes.EtcdPorts:
+        return local_kubernetes.EtcdPorts(client=self.ports.etcd_client, peer=self.ports.etcd_peer)
 
     def _start(self, name: str, healthy: Callable[[], bool]) -> None:
         process = self._processes[name]
@@ -724,19 +724,19 @@ class LocalControlPlane:
         from kubernetes import client
 
         cache = cache_root()
-        crds, _runtimes, source = apiextensions.trainer_manifests(cache)
+        crds, _runtimes, source = local_kubernetes.trainer_manifests(cache)
         jobset_dir = _module_dir(cache, JOBSET_MODULE, JOBSET_VERSION)
         jobset_crd = (
             jobset_dir / "config" / "components" / "crd" / "bases" / "jobset.x-k8s.io_jobsets.yaml"
         )
-        apiextensions.create_crds(
+        local_kubernetes.create_crds(
             self.kubeconfig,
             (*crds, jobset_crd),
-            (*apiextensions.TRAINER_CRD_NAMES, "jobsets.jobset.x-k8s.io"),
+            (*local_kubernetes.TRAINER_CRD_NAMES, "jobsets.jobset.x-k8s.io"),
             timeout=self.startup_timeout,
         )
         certificates = self.certificates
-        with apiextensions.new_api_client(self.kubeconfig) as api:
+        with local_kubernetes.new_api_client(self.kubeconfig) as api:
             core = client.CoreV1Api(api)
             _create_ignoring_conflict(
                 core.create_namespace, {"metadata": {"name": TRAINER_NAMESPACE}}
@@ -774,7 +774,7 @@ class LocalControlPlane:
         (account / "token").write_text(token, encoding="utf-8")
         (account / "namespace").write_text(TRAINER_NAMESPACE, encoding="utf-8")
         shutil.copyfile(certificates.ca, account / "ca.crt")
-        apiextensions.progress(
+        local_kubernetes.progress(
             f"control plane: CRDs from {source} and {JOBSET_MODULE}@{JOBSET_VERSION}"
         )
 
@@ -783,12 +783,12 @@ class LocalControlPlane:
         from kubernetes import client
 
         cache = cache_root()
-        trainer_dir = apiextensions.trainer_module_dir(cache)
+        trainer_dir = local_kubernetes.trainer_module_dir(cache)
         jobset_dir = _module_dir(cache, JOBSET_MODULE, JOBSET_VERSION)
         ca = self.certificates.ca.read_bytes()
         configurations = [
             *webhook_configurations(
-                apiextensions.documents(
+                local_kubernetes.documents(
                     trainer_dir / "manifests" / "base" / "webhook" / "manifests.yaml"
                 ),
                 prefix="trainer",
@@ -796,7 +796,7 @@ class LocalControlPlane:
                 ca_bundle=ca,
             ),
             *webhook_configurations(
-                apiextensions.documents(
+                local_kubernetes.documents(
                     jobset_dir / "config" / "components" / "webhook" / "manifests.yaml"
                 ),
                 prefix="jobset",
@@ -804,7 +804,7 @@ class LocalControlPlane:
                 ca_bundle=ca,
             ),
         ]
-        with apiextensions.new_api_client(self.kubeconfig) as api:
+        with local_kubernetes.new_api_client(self.kubeconfig) as api:
             admission = client.AdmissionregistrationV1Api(api)
             create: dict[str, Callable[..., object]] = {
                 "MutatingWebhookConfiguration": admission.create_mutating_webhook_configuration,
@@ -812,8 +812,8 @@ class LocalControlPlane:
             }
             for configuration in configurations:
                 _create_ignoring_conflict(create[configuration["kind"]], configuration)
-        _crds, runtimes, _source = apiextensions.trainer_manifests(cache)
-        apiextensions.create_cluster_runtimes(
+        _crds, runtimes, _source = local_kubernetes.trainer_manifests(cache)
+        local_kubernetes.create_cluster_runtimes(
             self.kubeconfig, (*runtimes, *self.runtime_files), timeout=self.startup_timeout
         )
 
@@ -851,7 +851,7 @@ def local_control_plane(
     if binaries is None:
         raise KubernetesUnavailableError(
             f"the control plane is not built in {cache_root() / 'bin'}: run `make services` "
-            "(or `python -m devservices prepare control-plane`)"
+            "(or `python -m devservices prepare kubernetes`)"
         )
     if runtime_files is None:
         runtime_files = shipped_runtime_files()

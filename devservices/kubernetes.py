@@ -1,27 +1,28 @@
-"""A real Kubernetes API with the Kubeflow Trainer CRDs, on 127.0.0.1, for tests and the demo.
+"""Local Kubernetes for the tests, the benchmarks and the demo: where an API comes from, and the
+pieces every local server is made of.
 
-Who calls it: `python -m devservices prepare` (via `prepare()`), the pytest plugin
-`tests/fixtures/kubernetes.py` and the demo (via `connect()`).
+Where an API comes from (`connect()`; the pytest plugin `tests/fixtures/kubernetes.py` makes
+the same choice), first match wins:
+1. `TUNELOOP_KUBECONFIG`: a real cluster that already has Kubeflow Trainer installed (its CRDs
+   are checked before anything runs);
+2. else the local control plane (`devservices/control_plane.py`): etcd, kube-apiserver,
+   kube-controller-manager, the JobSet and Kubeflow Trainer controllers and the node agent,
+   built by `make services`. It is the only local Kubernetes: the etcd +
+   apiextensions-apiserver pair that served CRDs without controllers, and K3s in Docker,
+   which ran no Trainer either, are gone.
 
-What it runs: `apiextensions-apiserver` (k8s.io/apiextensions-apiserver, the API server that
-serves CRDs and custom resources and nothing else) in front of an etcd, both built with Go
-from the module proxy into `~/.cache/tuneloop/bin`. There is no Trainer controller: a TrainJob
-is stored, validated against the real CRD schema (OpenAPI + CEL) and watched, and tests play
-the controller by patching its `/status`. There are no core objects (namespaces, pods,
-events): custom resources accept any namespace name.
-
-Where an API comes from (`connect()`), first match wins:
-1. `TUNELOOP_KUBECONFIG`: a real cluster that already has Kubeflow Trainer installed;
-2. K3s in Docker through testcontainers, only when a Docker engine answers (the CRDs and the
-   `torch-distributed` runtime are applied to it);
-3. with `TUNELOOP_LOCAL_KUBERNETES=control-plane`, the local control plane with the real
-   controllers and the node agent (`devservices/control_plane.py`);
-4. else the local etcd + apiextensions-apiserver pair of this module.
+What else lives here, shared by `control_plane.py`, the node agent and the test fixtures:
+- building with Go into `~/.cache/tuneloop/bin`: `run_go`, version stamps, `build_etcd`
+  (deploy/local/etcd) and `build_helm` (the chart's tests);
+- the Trainer v2.3.0 manifests from its Go module (`trainer_manifests`);
+- certificates, kubeconfigs and etcd's command line (pure, unit-tested);
+- `ManagedProcess`, one server process with its log;
+- creating CRDs, ClusterTrainingRuntimes and namespaces (`create_namespace`, whose
+  `hold_pods` sets the label that makes the node agent leave the namespace's pods Pending).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import hashlib
@@ -31,13 +32,10 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,14 +43,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
+from devservices.node_agent import HOLD_LABEL, HOLD_VALUE
 from orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
     from devservices.control_plane import LocalControlPlane
-
-APISERVER_MODULE = "k8s.io/apiextensions-apiserver"
-APISERVER_VERSION = "v0.37.2"
-"""Kubernetes 1.37.2's apiextensions-apiserver; it uses the etcd v3.7 client, so etcd is 3.7."""
 
 HELM_PACKAGE = "helm.sh/helm/v4/cmd/helm"
 HELM_VERSION = "v4.3.2"
@@ -80,11 +75,6 @@ _CRD_FILES = (
 )
 _RUNTIME_FILE = "torch_distributed.yaml"
 _HEARTBEAT_SECONDS = 30.0
-
-LOCAL_KUBERNETES_VARIABLE = "TUNELOOP_LOCAL_KUBERNETES"
-"""Which local API `connect()` starts: `apiserver` (the default for now: etcd and
-apiextensions-apiserver, CRDs only, no controllers) or `control-plane` (the real controllers
-and the node agent, `devservices/control_plane.py`)."""
 _STOP_GRACE_SECONDS = 10.0
 
 
@@ -93,22 +83,8 @@ class KubernetesUnavailableError(ConfigError):
 
 
 # --------------------------------------------------------------------------------------------
-# Preparing: binaries and manifests in the cache
+# Building: binaries and manifests in the cache
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Paths:
-    """Everything the local API needs, resolved by `prepare_kubernetes()`."""
-
-    apiserver: Path
-    etcd: Path
-    crds: tuple[Path, ...]
-    """TrainJob, TrainingRuntime and ClusterTrainingRuntime CRD manifests, in that order."""
-    runtimes: tuple[Path, ...]
-    """ClusterTrainingRuntime manifests to install (the upstream `torch-distributed`)."""
-    manifest_source: str
-    """Where the manifests came from, for logs and reports (the Go module and its version)."""
 
 
 def cache_root() -> Path:
@@ -206,13 +182,6 @@ def _etcd_stamp() -> str:
     for name in ("go.mod", "go.sum", "main.go"):
         digest.update((ETCD_WRAPPER_DIR / name).read_bytes())
     return f"etcd-wrapper sha256:{digest.hexdigest()[:16]}"
-
-
-def build_apiserver(cache: Path) -> Path:
-    """`go install` apiextensions-apiserver into *cache*/bin, unless that version is there."""
-    return _go_install(
-        cache, APISERVER_MODULE, APISERVER_VERSION, "apiextensions-apiserver", cold="8 min"
-    )
 
 
 def build_helm(cache: Path | None = None) -> Path:
@@ -341,47 +310,6 @@ def trainer_manifests(cache: Path) -> tuple[tuple[Path, ...], tuple[Path, ...], 
     return crds, (runtime,), f"Go module {TRAINER_MODULE}@{TRAINER_VERSION}"
 
 
-def prepare_kubernetes(cache: Path | None = None) -> Paths:
-    """Build both binaries and resolve the manifests; a no-op (a second or so) when warm.
-
-    Raises:
-        KubernetesUnavailableError: Go is missing, a build failed, or no manifests exist.
-    """
-    cache = cache or cache_root()
-    cache.mkdir(parents=True, exist_ok=True)
-    etcd = build_etcd(cache)
-    apiserver = build_apiserver(cache)
-    crds, runtimes, source = trainer_manifests(cache)
-    return Paths(
-        apiserver=apiserver, etcd=etcd, crds=crds, runtimes=runtimes, manifest_source=source
-    )
-
-
-def binaries_built(cache: Path | None = None) -> bool:
-    """Both server binaries are in the cache (`make services` has run)."""
-    bin_dir = (cache or cache_root()) / "bin"
-    return (bin_dir / "apiextensions-apiserver").is_file() and (bin_dir / "etcd").is_file()
-
-
-def installed_paths(cache: Path | None = None) -> Paths | None:
-    """The prepared paths without building anything, or None when a binary is missing."""
-    cache = cache or cache_root()
-    if not binaries_built(cache):
-        return None
-    apiserver = cache / "bin" / "apiextensions-apiserver"
-    etcd = cache / "bin" / "etcd"
-    crds, runtimes, source = trainer_manifests(cache)
-    return Paths(
-        apiserver=apiserver, etcd=etcd, crds=crds, runtimes=runtimes, manifest_source=source
-    )
-
-
-def prepare() -> None:
-    """Entry point of `python -m devservices prepare`."""
-    paths = prepare_kubernetes()
-    progress(f"ready: {paths.apiserver}, {paths.etcd}; Trainer CRDs from {paths.manifest_source}")
-
-
 def prepare_helm() -> None:
     """Entry point of `python -m devservices prepare helm`."""
     progress(f"ready: {build_helm()}")
@@ -404,7 +332,7 @@ class Certificates:
 
 
 ADMIN_GROUP = "system:masters"
-"""The apiserver's privileged group: always allowed, with no authorizer to ask."""
+"""The API server's privileged group: always allowed, whatever RBAC says."""
 
 
 def make_certificates(
@@ -419,8 +347,8 @@ def make_certificates(
     *server_dns_names* are added to the server certificate's names: the local control plane's
     controllers serve their webhooks with it, under the Service names their clients use.
 
-    The client certificate's organisation is `system:masters`: apiextensions-apiserver has no
-    AlwaysAllow mode, but it lets that group do everything without asking an authorizer.
+    The client certificate's organisation is `system:masters`: the API server authorizes with
+    RBAC, and lets that group do everything without asking it.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -575,37 +503,18 @@ def render_kubeconfig(*, server: str, certificates: Certificates) -> dict[str, A
     }
 
 
-def render_unreachable_kubeconfig() -> dict[str, Any]:
-    """The kubeconfig for the apiserver's delegated-auth and core-API clients.
-
-    apiextensions-apiserver insists on talking to a "real" kube-apiserver for delegated
-    authentication, authorization and its core informers. Upstream's own test server points
-    them at an address where nothing listens; port 1 on loopback is closed, so every such call
-    fails at once and only `system:masters` client certificates get through.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "nowhere", "cluster": {"server": "http://127.0.0.1:1"}}],
-        "users": [{"name": "nobody", "user": {}}],
-        "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "nobody"}}],
-        "current-context": "nowhere",
-    }
-
-
 @dataclass(frozen=True, slots=True)
-class Ports:
-    """Loopback ports of one local API; kept across stop()/start() so clients reconnect."""
+class EtcdPorts:
+    """etcd's loopback ports; kept across stop()/start() so that clients reconnect."""
 
-    etcd_client: int
-    etcd_peer: int
-    apiserver: int
+    client: int
+    peer: int
 
 
-def render_etcd_args(binary: Path, *, data_dir: Path, ports: Ports) -> tuple[str, ...]:
+def render_etcd_args(binary: Path, *, data_dir: Path, ports: EtcdPorts) -> tuple[str, ...]:
     """etcd's command line: one member, loopback only, no fsync (test data, speed first)."""
-    client = f"http://127.0.0.1:{ports.etcd_client}"
-    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    client = f"http://127.0.0.1:{ports.client}"
+    peer = f"http://127.0.0.1:{ports.peer}"
     return (
         str(binary),
         "--name=tuneloop",
@@ -620,46 +529,8 @@ def render_etcd_args(binary: Path, *, data_dir: Path, ports: Ports) -> tuple[str
     )
 
 
-DISABLED_ADMISSION_PLUGINS = (
-    # No Namespace objects exist here, so namespace checks would reject every custom resource.
-    "NamespaceLifecycle",
-    # Webhooks and admission policies would be looked up through the unreachable core API.
-    "MutatingAdmissionWebhook",
-    "ValidatingAdmissionWebhook",
-    "ValidatingAdmissionPolicy",
-    "MutatingAdmissionPolicy",
-)
-
-
-def render_apiserver_args(
-    binary: Path,
-    *,
-    ports: Ports,
-    certificates: Certificates,
-    unreachable_kubeconfig: Path,
-    etcd_prefix: str = ETCD_PREFIX,
-) -> tuple[str, ...]:
-    """apiextensions-apiserver's command line, after upstream's own integration test server."""
-    return (
-        str(binary),
-        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-        f"--etcd-prefix={etcd_prefix}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={ports.apiserver}",
-        f"--tls-cert-file={certificates.server_cert}",
-        f"--tls-private-key-file={certificates.server_key}",
-        f"--client-ca-file={certificates.ca}",
-        "--authentication-skip-lookup",
-        f"--authentication-kubeconfig={unreachable_kubeconfig}",
-        f"--authorization-kubeconfig={unreachable_kubeconfig}",
-        f"--kubeconfig={unreachable_kubeconfig}",
-        "--enable-priority-and-fairness=false",
-        f"--disable-admission-plugins={','.join(DISABLED_ADMISSION_PLUGINS)}",
-    )
-
-
 # --------------------------------------------------------------------------------------------
-# Running: the local pair
+# Running: server processes
 # --------------------------------------------------------------------------------------------
 
 
@@ -728,214 +599,8 @@ class ManagedProcess:
             self.log_file = None
 
 
-class LocalKubeAPI:
-    """etcd + apiextensions-apiserver on loopback, with the Trainer CRDs and runtime loaded.
-
-    `start()` brings both up (on first start: ports, certificates, kubeconfig, CRDs, the
-    `torch-distributed` ClusterTrainingRuntime); `stop()` stops both but keeps etcd's data and
-    the ports, so a later `start()` is the same cluster at the same address. `close()` stops
-    for good. Usable as a context manager.
-    """
-
-    def __init__(self, paths: Paths, workdir: Path, *, startup_timeout: float = 90.0) -> None:
-        self.paths = paths
-        self.workdir = workdir
-        self.startup_timeout = startup_timeout
-        self.kubeconfig = workdir / "kubeconfig.yaml"
-        self._ports: Ports | None = None
-        self._certificates: Certificates | None = None
-        self._etcd: ManagedProcess | None = None
-        self._apiserver: ManagedProcess | None = None
-        self._loaded = False
-
-    # -- public --------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self._require_ports().apiserver}"
-
-    @property
-    def ports(self) -> Ports:
-        return self._require_ports()
-
-    @property
-    def pids(self) -> dict[str, int]:
-        """Process ids of the servers running now, by name (the benchmark reads their CPU)."""
-        running = (self._etcd, self._apiserver)
-        return {
-            process.name: process.popen.pid
-            for process in running
-            if process is not None and process.popen is not None and process.running()
-        }
-
-    @property
-    def certificates(self) -> Certificates:
-        if self._certificates is None:
-            raise RuntimeError("LocalKubeAPI has not been started")
-        return self._certificates
-
-    def start(self) -> None:
-        """Start what is not running, wait for `/healthz`, load the CRDs once.
-
-        Raises:
-            KubernetesUnavailableError: a server exited or did not get healthy in time
-                (the message carries the end of its log).
-        """
-        first = self._ports is None
-        if first:
-            self._first_setup()
-        try:
-            self._start_processes()
-        except KubernetesUnavailableError:
-            if not first:
-                raise
-            # Another process may have taken a port between our probe and the bind.
-            self._stop_processes()
-            self._ports = self._pick_ports()
-            self._write_process_specs()
-            self._start_processes()
-        if not self._loaded:
-            load_trainer_manifests(self.kubeconfig, self.paths, timeout=self.startup_timeout)
-            self._loaded = True
-
-    def stop(self) -> None:
-        """Stop the API server, then etcd (data and ports kept for `start()`)."""
-        self._stop_processes()
-
-    def stop_apiserver(self) -> None:
-        """Stop only the API server: clients see connection refused, etcd keeps running."""
-        if self._apiserver is not None:
-            self._apiserver.stop()
-
-    def close(self) -> None:
-        self._stop_processes()
-        with contextlib.suppress(ValueError):
-            atexit.unregister(self.close)
-
-    def __enter__(self) -> LocalKubeAPI:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def running(self) -> bool:
-        return all(p is not None and p.running() for p in (self._etcd, self._apiserver))
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last *lines* of each server's log, for error messages and failing tests."""
-        parts = []
-        for name in ("etcd", "apiserver"):
-            log = self.workdir / "logs" / f"{name}.log"
-            text = log.read_text(errors="replace").splitlines() if log.exists() else []
-            parts.append(f"--- {log} (last {lines} lines)\n" + "\n".join(text[-lines:]))
-        return "\n".join(parts)
-
-    def healthy(self) -> bool:
-        """`/healthz` answers ok (not `/readyz`: its informer check never passes here)."""
-        try:
-            with urllib.request.urlopen(  # noqa: S310 (our own https URL, never user input)
-                f"{self.url}/healthz", context=self._ssl_context(), timeout=2
-            ) as answer:
-                return bool(answer.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
-
-    # -- internals -----------------------------------------------------------------------
-
-    def _require_ports(self) -> Ports:
-        if self._ports is None:
-            raise RuntimeError("LocalKubeAPI has not been started")
-        return self._ports
-
-    def _pick_ports(self) -> Ports:
-        chosen: set[int] = set()
-        while len(chosen) < 3:
-            chosen.add(free_loopback_port())
-        etcd_client, etcd_peer, apiserver = sorted(chosen)
-        return Ports(etcd_client=etcd_client, etcd_peer=etcd_peer, apiserver=apiserver)
-
-    def _first_setup(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._certificates = make_certificates(
-            self.workdir / "pki", now=datetime.datetime.now(datetime.UTC)
-        )
-        (self.workdir / "unreachable.kubeconfig").write_text(
-            yaml.safe_dump(render_unreachable_kubeconfig()), encoding="utf-8"
-        )
-        self._ports = self._pick_ports()
-        self._write_process_specs()
-        atexit.register(self.close)
-
-    def _write_process_specs(self) -> None:
-        ports = self._require_ports()
-        logs = self.workdir / "logs"
-        self._etcd = ManagedProcess(
-            "etcd",
-            render_etcd_args(self.paths.etcd, data_dir=self.workdir / "etcd", ports=ports),
-            logs / "etcd.log",
-        )
-        self._apiserver = ManagedProcess(
-            "apiserver",
-            render_apiserver_args(
-                self.paths.apiserver,
-                ports=ports,
-                certificates=self.certificates,
-                unreachable_kubeconfig=self.workdir / "unreachable.kubeconfig",
-            ),
-            logs / "apiserver.log",
-        )
-        self.kubeconfig.write_text(
-            yaml.safe_dump(render_kubeconfig(server=self.url, certificates=self.certificates)),
-            encoding="utf-8",
-        )
-
-    def _start_processes(self) -> None:
-        assert self._etcd is not None
-        assert self._apiserver is not None
-        if not self._etcd.running():
-            self._etcd.start()
-            self._wait_until(self._etcd_healthy, self._etcd, "etcd")
-        if not self._apiserver.running():
-            self._apiserver.start()
-            self._wait_until(self.healthy, self._apiserver, "apiextensions-apiserver")
-
-    def _stop_processes(self) -> None:
-        for process in (self._apiserver, self._etcd):
-            if process is not None:
-                process.stop()
-
-    def _etcd_healthy(self) -> bool:
-        try:
-            url = f"http://127.0.0.1:{self._require_ports().etcd_client}/health"
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                return bool(json.loads(answer.read()).get("health") == "true")
-        except (OSError, ValueError, urllib.error.URLError):
-            return False
-
-    def _wait_until(self, check: Any, process: ManagedProcess, what: str) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if check():
-                return
-            if not process.running():
-                raise KubernetesUnavailableError(
-                    f"{what} exited during start-up:\n{self.log_tail()}"
-                )
-            time.sleep(0.2)
-        raise KubernetesUnavailableError(
-            f"{what} not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}"
-        )
-
-    def _ssl_context(self) -> ssl.SSLContext:
-        certificates = self.certificates
-        context = ssl.create_default_context(cafile=str(certificates.ca))
-        context.load_cert_chain(str(certificates.client_cert), str(certificates.client_key))
-        return context
-
-
 # --------------------------------------------------------------------------------------------
-# Loading the Trainer manifests (any API server)
+# Loading manifests and making namespaces (any API server)
 # --------------------------------------------------------------------------------------------
 
 
@@ -961,17 +626,6 @@ def _discard(response: Any) -> None:
     """
     response.drain_conn()
     response.release_conn()
-
-
-def load_trainer_manifests(kubeconfig: Path, paths: Paths, *, timeout: float = 90.0) -> None:
-    """Create the Trainer CRDs (skip those that exist), wait for Established, add the runtimes.
-
-    Raises:
-        KubernetesUnavailableError: a CRD was not Established within *timeout* seconds, or
-            the server refused a manifest.
-    """
-    create_crds(kubeconfig, paths.crds, TRAINER_CRD_NAMES, timeout=timeout)
-    create_cluster_runtimes(kubeconfig, paths.runtimes, timeout=timeout)
 
 
 def create_crds(
@@ -1061,8 +715,49 @@ def _wait_for_established(extensions: Any, name: str, *, timeout: float) -> None
         time.sleep(0.2)
 
 
+def create_namespace(
+    api_client: Any, name: str, *, hold_pods: bool = False, timeout: float = 30.0
+) -> None:
+    """Create namespace *name* and wait for its default ServiceAccount (pods need it).
+
+    *hold_pods* labels it `tuneloop.io/node-agent=hold`: the local node agent then leaves its
+    pods Pending and unbound, as a cluster without room for them would, so that TrainJobs
+    there get their JobSet, Jobs and pods from the real controllers but no container runs.
+    (Only the node agent reads the label; a real cluster's kubelets run the pods.)
+
+    Raises:
+        kubernetes.client.ApiException: the server refused the namespace, or its default
+            ServiceAccount did not appear within *timeout* seconds.
+    """
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    labels = {HOLD_LABEL: HOLD_VALUE} if hold_pods else {}
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.read_namespaced_service_account("default", name)
+            return
+        except client.ApiException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def delete_namespace(api_client: Any, name: str) -> None:
+    """Delete namespace *name* and everything in it, without waiting (the namespace controller
+    finishes it in the background); a namespace that is already gone is fine."""
+    from kubernetes import client
+
+    with contextlib.suppress(client.ApiException):
+        client.CoreV1Api(api_client).delete_namespace(name, propagation_policy="Background")
+
+
 # --------------------------------------------------------------------------------------------
-# Choosing an API: external cluster, K3s in Docker, or the local pair
+# Choosing an API: an external cluster, or the local control plane
 # --------------------------------------------------------------------------------------------
 
 
@@ -1072,25 +767,14 @@ class KubeEndpoint:
 
     kubeconfig: Path
     source: str
-    """`TUNELOOP_KUBECONFIG`, `k3s` or `local`."""
-    server: LocalKubeAPI | LocalControlPlane | None = None
-    """The local server when we started it (tests can stop/start it), else None."""
+    """`TUNELOOP_KUBECONFIG` or `control-plane`."""
+    server: LocalControlPlane | None = None
+    """The local control plane when we started it (tests may stop and start its API server:
+    `stop_apiserver()`, `start()`), else None."""
 
     def api_client(self) -> Any:
         """A fresh `kubernetes.client.ApiClient` for this API (close it when done)."""
         return new_api_client(self.kubeconfig)
-
-
-def docker_answers() -> bool:
-    """A Docker engine answers a ping within 3 s (the CLI alone is not enough)."""
-    if os.environ.get("TUNELOOP_NO_DOCKER"):
-        return False
-    try:
-        import docker
-
-        return bool(docker.from_env(timeout=3).ping())
-    except Exception:  # any failure means "no usable engine", which is the answer we need
-        return False
 
 
 def _require_trainer_crds(kubeconfig: Path) -> None:
@@ -1123,64 +807,37 @@ def _require_trainer_crds(kubeconfig: Path) -> None:
                 ) from exc
 
 
-@contextlib.contextmanager
-def connect(workdir: Path) -> Iterator[KubeEndpoint]:
-    """Yield a Kubernetes API with the Trainer CRDs: external, K3s or local (see module doc).
+def external_endpoint() -> KubeEndpoint | None:
+    """The cluster `TUNELOOP_KUBECONFIG` names, checked; None when the variable is not set.
 
     Raises:
-        KubernetesUnavailableError: the chosen API cannot be reached or started, or the local
-            binaries are not built (run `make services`).
+        KubernetesUnavailableError: the file is missing, the cluster does not answer, or it
+            lacks the Trainer's CRDs.
     """
     external = os.environ.get("TUNELOOP_KUBECONFIG")
-    if external:
-        path = Path(external).expanduser()
-        if not path.is_file():
-            raise KubernetesUnavailableError(f"TUNELOOP_KUBECONFIG={external}: no such file")
-        _require_trainer_crds(path)
-        yield KubeEndpoint(kubeconfig=path, source="TUNELOOP_KUBECONFIG")
-        return
-    if docker_answers():
-        with _k3s(workdir) as endpoint:
-            yield endpoint
-        return
-    if os.environ.get(LOCAL_KUBERNETES_VARIABLE, "apiserver") == "control-plane":
-        from devservices.control_plane import local_control_plane
-
-        # Only `torch-distributed`, as on the apiextensions pair: the suites install tuneloop's
-        # runtimes themselves when they need them.
-        with local_control_plane(workdir, runtime_files=()) as plane:
-            yield KubeEndpoint(kubeconfig=plane.kubeconfig, source="control-plane", server=plane)
-        return
-    paths = installed_paths()
-    if paths is None:
-        raise KubernetesUnavailableError(
-            f"apiextensions-apiserver/etcd are not built in {cache_root() / 'bin'}: "
-            "run `make services` (or `python -m devservices prepare`)"
-        )
-    with LocalKubeAPI(paths, workdir) as server:
-        yield KubeEndpoint(kubeconfig=server.kubeconfig, source="local", server=server)
+    if not external:
+        return None
+    path = Path(external).expanduser()
+    if not path.is_file():
+        raise KubernetesUnavailableError(f"TUNELOOP_KUBECONFIG={external}: no such file")
+    _require_trainer_crds(path)
+    return KubeEndpoint(kubeconfig=path, source="TUNELOOP_KUBECONFIG")
 
 
 @contextlib.contextmanager
-def _k3s(workdir: Path) -> Iterator[KubeEndpoint]:
-    from testcontainers.community.k3s import K3SContainer
+def connect(workdir: Path) -> Iterator[KubeEndpoint]:
+    """Yield a Kubernetes API with the Trainer: external, else the local control plane (see the
+    module doc), which is started in *workdir* and stopped on exit.
 
-    # Without a local binary build we still need the manifests, never the binaries.
-    crds, runtimes, source = trainer_manifests(cache_root())
-    container = K3SContainer()
-    container.start()
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = workdir / "k3s.kubeconfig"
-        kubeconfig.write_text(container.config_yaml(), encoding="utf-8")
-        manifests = Paths(
-            apiserver=Path(),
-            etcd=Path(),
-            crds=crds,
-            runtimes=runtimes,
-            manifest_source=source,
-        )
-        load_trainer_manifests(kubeconfig, manifests)
-        yield KubeEndpoint(kubeconfig=kubeconfig, source="k3s")
-    finally:
-        container.stop()
+    Raises:
+        KubernetesUnavailableError: the external cluster cannot be used, or the control plane
+            is not built (run `make services`) or did not start.
+    """
+    external = external_endpoint()
+    if external is not None:
+        yield external
+        return
+    from devservices.control_plane import local_control_plane
+
+    with local_control_plane(workdir) as plane:
+        yield KubeEndpoint(kubeconfig=plane.kubeconfig, source="control-plane", server=plane)

@@ -4,7 +4,10 @@ There is no container engine on a developer's machine or in CI here, so the loca
 (`devservices/control_plane.py`) gets one Node, `tuneloop-local`, from this agent. It:
 
 - registers the Node (Ready, 127.0.0.1) and renews its heartbeat;
-- binds every pending pod that names no node to it (it is the scheduler too: there is one node);
+- binds every pending pod that names no node to it (it is the scheduler too: there is one node),
+  except in a namespace labelled `tuneloop.io/node-agent=hold` (`HOLD_LABEL`), whose pods stay
+  Pending and unbound: the test suites that need TrainJobs, JobSets, Jobs and pods from the
+  real controllers but no running trainer make their namespaces so;
 - runs each pod: init containers one after the other, then the containers together, each as
   `command` + `args` (or the image's entrypoint) in a local process, with the pod's env
   (values, `$(VAR)` expansion, the downward API's fieldRefs, ConfigMap and Secret keys, and so
@@ -71,6 +74,13 @@ from typing import Any
 
 TUNELOOP_IMAGE_REPOSITORY = "ghcr.io/tuneloop/lora-trainer"
 """The trainer image of deploy/runtimes/*.yaml and runtimes/kubernetes/manifests.py."""
+
+HOLD_LABEL = "tuneloop.io/node-agent"
+HOLD_VALUE = "hold"
+"""A namespace labelled `tuneloop.io/node-agent=hold` keeps its pods: the agent binds none of
+them, so they stay Pending (unscheduled) as on a cluster without room, while the controllers
+above them do all they would. Most Kubernetes suites make such namespaces: their TrainJobs get
+a real JobSet, Jobs and pods, and no trainer runs. Pods bound before the label was set run on."""
 
 HEARTBEAT_SECONDS = 10.0
 POLL_SECONDS = 0.5
@@ -823,8 +833,10 @@ class NodeAgent:
             runner.terminate(0)
 
     def step(self) -> None:
-        """One pass: bind the unbound, start the new, stop the deleted."""
+        """One pass: bind the unbound (outside held namespaces), start the new, stop the
+        deleted."""
         pods = self._call("GET", "/api/v1/pods")["items"]
+        held: set[str] | None = None  # asked for once per pass, and only when a pod is unbound
         seen: set[str] = set()
         for pod in pods:
             metadata, spec = pod["metadata"], pod["spec"]
@@ -834,7 +846,10 @@ class NodeAgent:
                     not metadata.get("deletionTimestamp")
                     and spec.get("schedulerName", "default-scheduler") == "default-scheduler"
                 ):
-                    self._bind(metadata["namespace"], metadata["name"])
+                    if held is None:
+                        held = self._held_namespaces()
+                    if metadata["namespace"] not in held:
+                        self._bind(metadata["namespace"], metadata["name"])
                 continue
             if spec["nodeName"] != self.node_name:
                 continue
@@ -856,6 +871,13 @@ class NodeAgent:
         for uid in set(self.runners) - seen:
             gone = self.runners.pop(uid)
             threading.Thread(target=gone.terminate, args=(0,), daemon=True).start()
+
+    def _held_namespaces(self) -> set[str]:
+        """The namespaces labelled `HOLD_LABEL=HOLD_VALUE`, whose pods are left unbound."""
+        found = self._call("GET", f"/api/v1/namespaces?labelSelector={HOLD_LABEL}%3D{HOLD_VALUE}")[
+            "items"
+        ]
+        return {namespace["metadata"]["name"] for namespace in found}
 
     def _bind(self, namespace: str, name: str) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -15,9 +15,10 @@ The controller-helper protocol (`JobController`):
 It makes the job *be* in `phase`, by whatever means the backend's world has:
 
 * in-memory: `InMemoryBackend.move(...)` (its test hook);
-* Kubernetes: patching the TrainJob's `/status` as the Trainer controller does (`jobsStatus`
-  with an active `node` job for Running; a `Complete`/`Failed`/`Suspended` condition;
-  `trainerStatus.metrics` for the result);
+* Kubernetes: the real controllers, in a namespace whose pods stay Pending: Running comes
+  from them, Suspended from `spec.suspend`, and an end from the JobSet's `/status`, which
+  the Trainer copies (`trainerStatus.metrics` for the result; see
+  test_kubernetes_backend_contract.py);
 * local process: running a real short job (the trainer engineer's module).
 
 `move` may return before the backend notices; the tests wait for the observation. Only
@@ -92,7 +93,17 @@ async def until(
 
 
 class BackendContract:
-    """What every backend promises. Subclasses provide `backend`, `runtime`, `controller`."""
+    """What every backend promises. Subclasses provide `backend`, `runtime`, `controller`,
+    and may override `listening`."""
+
+    async def listening(self, backend: TrainingBackend, runtime: str) -> AsyncIterator[Observation]:
+        """A stream of *backend*'s observations that sees every job launched after it returns.
+
+        `observe()` may start lazily, on the first read; a backend whose first read is a
+        listing, and whose jobs can move on by themselves before it (Kubernetes, where the
+        controllers run), overrides this to make sure the watch has begun.
+        """
+        return aiter(backend.observe())
 
     async def test_launch_returns_a_ref_named_after_the_request(
         self, backend: TrainingBackend, runtime: str
@@ -141,7 +152,7 @@ class BackendContract:
     async def test_watcher_sees_pending_running_succeeded_with_the_result(
         self, backend: TrainingBackend, runtime: str, controller: JobController
     ):
-        stream = aiter(backend.observe())
+        stream = await self.listening(backend, runtime)
         ref = await backend.launch(request("ft-life", runtime))
         await until(stream, "ft-life", JobPhase.PENDING)
         await controller.move(ref, JobPhase.RUNNING)

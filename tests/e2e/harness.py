@@ -17,7 +17,9 @@ API (everything a suite needs; other e2e tests may import it):
   and `wait_for` (poll a predicate) are tests/fixtures/topics.py's and waiting.py's, shared
   with the in-process worker tests; they are imported here, so the suites may name them here.
 - `trainjob_names(kubeconfig, namespace)`, `complete_trainjobs(kubeconfig, namespace, names)`
-  (patch `/status` to Complete, the way the Trainer controller does).
+  (end each job through its JobSet's `/status`, as the JobSet controller would when its Jobs
+  complete, and the real Trainer marks the TrainJob Complete: the namespace is held, so no
+  trainer runs to complete them).
 - `FaultRun`: one suite's run: stream, expected launches, worker config, and the steps every
   suite shares (`send`, `wait_for_launches`, `complete_all`, `summary`).
 - `FaultEnv`: what every suite runs against (broker address, API server, namespace, topics,
@@ -349,21 +351,16 @@ def trainjob_names(kubeconfig: Path, namespace: str) -> list[str]:
 
 
 def complete_trainjobs(kubeconfig: Path, namespace: str, names: Iterable[str]) -> int:
-    """Patch each job's `/status` to Complete, as the Trainer controller does; return how many."""
+    """End each job through its JobSet's `/status` (the Trainer then marks the TrainJob
+    Complete); return how many. No trainer runs in the suites' held namespace, so no Job can
+    complete by itself."""
     from orchestrator.jobs.model import JobPhase
-    from tests.contract.test_kubernetes_backend_contract import trainer_status
+    from tests.contract.test_kubernetes_backend_contract import KubernetesJobController
 
-    objects = _objects(kubeconfig)
+    controller = KubernetesJobController(_objects(kubeconfig), namespace)
     patched = 0
     for name in names:
-        objects.patch_namespaced_custom_object_status(
-            TRAINER_GROUP,
-            TRAINER_VERSION,
-            namespace,
-            TRAINJOBS,
-            name,
-            {"status": trainer_status(JobPhase.SUCCEEDED)},
-        )
+        controller.end_sync(name, JobPhase.SUCCEEDED, wait=False)  # the suite waits for events
         patched += 1
     return patched
 

@@ -37,6 +37,7 @@ from tests.e2e.harness import COMPLETED, read_topic, send_events, wait_for
 
 pytestmark = [
     pytest.mark.kubernetes,
+    pytest.mark.runs_pods,
     pytest.mark.kafka,
     pytest.mark.training,
     pytest.mark.timeout(600),  # includes starting the control plane and Kafka on a busy machine

@@ -21,7 +21,7 @@ from devservices.control_plane import LocalControlPlane
 from devservices.kubernetes import TRAINER_API_VERSION, TRAINER_GROUP, new_api_client
 from devservices.node_agent import TUNELOOP_IMAGE_REPOSITORY
 
-pytestmark = pytest.mark.kubernetes
+pytestmark = [pytest.mark.kubernetes, pytest.mark.runs_pods]
 
 IMAGE = f"{TUNELOOP_IMAGE_REPOSITORY}:0.1.0"
 T = TypeVar("T")

@@ -1,10 +1,12 @@
-"""KubernetesBackend and the completion publisher against the real API server.
+"""KubernetesBackend and the completion publisher against a real cluster with the controllers.
 
-`TrainerStatusPatcher` writes `/status` as the Trainer controller would, also where the
-controllers run (`TUNELOOP_LOCAL_KUBERNETES=control-plane`): these tests need a given phase at a
-moment they choose (a watcher killed between a status change and its publish, a restart or a
-`410` mid-job), which a controller reaches on its own schedule. The controllers' own way to
-each phase is tested in tests/e2e/test_kubernetes_loop.py.
+The namespace is held (`tuneloop.io/node-agent=hold`): the Trainer and JobSet controllers make
+each TrainJob's JobSet, Jobs and pods and report it Running, and no trainer runs. These tests
+need a job to end at a moment they choose (a watcher killed between a status change and its
+publish, a restart or a `410` mid-job), so `KubernetesJobController` (the contract's) ends it:
+it patches the JobSet's `/status` as the JobSet controller would when its Jobs end, and the
+real Trainer marks the TrainJob; each test that does so says it. Real pods reach each phase
+in tests/e2e/test_kubernetes_loop.py.
 Kafka is not needed either: a `RecordingPublisher` and an `InMemoryCompletionStore` stand for
 the output topic and the state topic (the Kafka-backed ones are tested where they live); what
 is real is every TrainJob, watch, 409 and 410.
@@ -27,7 +29,7 @@ from runtimes.kubernetes import manifests
 from runtimes.kubernetes.backend import BACKEND_NAME, BackendSettings, KubernetesBackend
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from tests.contract.backend_contract import request, until
-from tests.contract.test_kubernetes_backend_contract import TrainerStatusPatcher
+from tests.contract.test_kubernetes_backend_contract import KubernetesJobController
 
 pytestmark = pytest.mark.kubernetes
 
@@ -53,7 +55,7 @@ def settings(k8s_namespace):
 
 @pytest.fixture
 def controller(objects, k8s_namespace):
-    return TrainerStatusPatcher(objects, k8s_namespace)
+    return KubernetesJobController(objects, k8s_namespace)
 
 
 def orchestrator(api, settings, store, events):
@@ -88,11 +90,11 @@ async def test_watcher_restart_mid_job_announces_started_and_completed_once(
     await completion.record_launch(job)
     ref = await backend.launch(job)
     stream = aiter(backend.observe())
-    await pump(stream, completion, job.name, JobPhase.PENDING)
-    await controller.move(ref, JobPhase.RUNNING)
+    await controller.move(ref, JobPhase.RUNNING)  # the controllers make it Running themselves
     await pump(stream, completion, job.name, JobPhase.RUNNING)
     await stream.aclose()  # the orchestrator stops mid-job
 
+    # Ended through its JobSet's status (no trainer runs here), while no watcher runs.
     await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult(metrics={"train_loss": 0.7}))
     await asyncio.sleep(2)  # the orchestrator comes back a while after the job finished
 
@@ -127,6 +129,7 @@ async def test_killed_between_status_change_and_publish_publishes_once(
     job = request("ft-killed", RUNTIME)
     await completion.record_launch(job)
     ref = await backend.launch(job)
+    # Failed through its JobSet's status, before any watcher runs (no trainer runs here).
     await controller.move(ref, JobPhase.FAILED, reason="FailedJobs")
     stream = aiter(backend.observe())
     (*_, failed) = await until(stream, job.name, JobPhase.FAILED)
@@ -153,6 +156,7 @@ async def test_a_job_found_without_a_record_gets_its_context_from_the_trainjob(
     backend, completion = orchestrator(objects, settings, store, events)
     job = request("ft-no-record", RUNTIME)
     ref = await backend.launch(job)  # no record_launch: the state topic lost it
+    # Ended through its JobSet's status before any watcher runs (no trainer runs here).
     await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult())
     stream = aiter(backend.observe())
     await pump(stream, completion, job.name, JobPhase.SUCCEEDED)
@@ -189,9 +193,9 @@ async def test_a_410_makes_the_watcher_list_again_and_miss_nothing(objects, sett
     backend = KubernetesBackend(api, clock=SystemClock(), settings=settings)
     ref = await backend.launch(request("ft-gone", RUNTIME))
     stream = aiter(backend.observe())
-    await until(stream, "ft-gone", JobPhase.PENDING)
-    await controller.move(ref, JobPhase.RUNNING)
+    await controller.move(ref, JobPhase.RUNNING)  # the controllers make it Running themselves
     await until(stream, "ft-gone", JobPhase.RUNNING)
+    # Ended through its JobSet's status once the watch is past the 410 (no trainer runs here).
     await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult())
     (*_, done) = await until(stream, "ft-gone", JobPhase.SUCCEEDED)
     await stream.aclose()
@@ -265,14 +269,29 @@ async def test_a_missing_runtime_fails_the_decision_with_one_failed_event(object
     assert "torch-distributed" in failed.data["message"]  # says what does exist
 
 
-async def test_a_trainjob_whose_jobset_never_appears_fails_with_a_reason(
+def refuse_jobsets(api: client.ApiClient, namespace: str) -> None:
+    """A ResourceQuota of no JobSets in *namespace*: the API server refuses the Trainer's
+    JobSet, which leaves the TrainJob without one (kubeflow/trainer#2735: a Warning event is
+    all it gets). The local control plane runs no quota controller, so the quota's status,
+    without which admission refuses everything it covers as "status unknown", is written
+    here as that controller would write it."""
+    core = client.CoreV1Api(api)
+    hard = {"count/jobsets.jobset.x-k8s.io": "0"}
+    core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "no-jobsets"}, "spec": {"hard": hard}}
+    )
+    core.patch_namespaced_resource_quota_status(
+        "no-jobsets",
+        namespace,
+        {"status": {"hard": hard, "used": {"count/jobsets.jobset.x-k8s.io": "0"}}},
+    )
+
+
+async def test_a_trainjob_whose_jobset_is_refused_fails_with_a_reason(
     objects, k8s_namespace, kube_api
 ):
-    if kube_api.source == "control-plane":
-        # A running Trainer creates the JobSet within a second; the state this test needs is
-        # the one an API server without the Trainer (or a Trainer whose JobSet is refused,
-        # kubeflow/trainer#2735) leaves behind. `phase_of` is unit-tested for it as well.
-        pytest.skip("the Trainer controller runs here and creates the JobSet")
+    with kube_api.api_client() as api:
+        refuse_jobsets(api, k8s_namespace)
     settings = BackendSettings(
         namespace=k8s_namespace, watch_timeout=1, jobset_timeout=1.0, request_timeout=5.0
     )
@@ -287,7 +306,7 @@ async def test_a_trainjob_whose_jobset_never_appears_fails_with_a_reason(
 async def test_an_unreachable_api_server_is_a_transient_error_at_once(kube_api, k8s_namespace):
     # The backend tries once and says how long to wait; the service owns the retries.
     if kube_api.server is None:
-        pytest.skip("needs the local API server, which the test can stop")
+        pytest.skip("needs the local control plane, whose API server the test can stop")
     sleeps = []
 
     async def record(seconds):
@@ -301,7 +320,7 @@ async def test_an_unreachable_api_server_is_a_transient_error_at_once(kube_api, 
         backend = KubernetesBackend(
             objects, clock=SystemClock(), catalog=catalog, settings=settings, sleep=record
         )
-        kube_api.server.stop()
+        kube_api.server.stop_apiserver()
         try:
             with pytest.raises(TransientBackendError) as error:
                 await backend.launch(request("ft-down", RUNTIME))
@@ -321,6 +340,7 @@ async def test_finished_and_announced_jobs_are_removed_and_nothing_else(
         job = request(name, RUNTIME)
         await completion.record_launch(job)
         refs[name] = await backend.launch(job)
+    # Ended through their JobSets' status (no trainer runs here).
     await controller.move(refs["ft-gc-done"], JobPhase.SUCCEEDED, result=JobResult())
     await controller.move(refs["ft-gc-quiet"], JobPhase.FAILED, reason="FailedJobs")
     stream = aiter(backend.observe())

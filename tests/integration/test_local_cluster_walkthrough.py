@@ -20,7 +20,7 @@ import pytest
 from devservices.control_plane import installed_binaries
 from tests.e2e.test_getting_started import MARK, bash_blocks, stop_processes_of
 
-pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.kubernetes, pytest.mark.runs_pods, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "kubernetes.md"

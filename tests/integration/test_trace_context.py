@@ -31,7 +31,7 @@ from runtimes.kubernetes import manifests
 from runtimes.kubernetes.backend import BACKEND_NAME, BackendSettings, KubernetesBackend
 from runtimes.kubernetes.catalog import GROUP, VERSION
 from tests.contract.backend_contract import until
-from tests.contract.test_kubernetes_backend_contract import TrainerStatusPatcher
+from tests.contract.test_kubernetes_backend_contract import KubernetesJobController
 
 pytestmark = pytest.mark.kubernetes
 
@@ -100,7 +100,8 @@ async def test_the_trace_id_follows_the_event_to_the_record_the_trainjob_and_the
     assert trace_id(annotations["tuneloop.io/traceparent"]) == TRACE_ID
     assert annotations["tuneloop.io/tracestate"] == "vendor=7"
 
-    await TrainerStatusPatcher(objects, k8s_namespace).move(
+    # Ended through its JobSet's status: no trainer runs in this held namespace.
+    await KubernetesJobController(objects, k8s_namespace).move(
         ref, JobPhase.SUCCEEDED, result=JobResult()
     )
     stream = aiter(backend.observe())
@@ -155,7 +156,8 @@ async def test_through_the_service_the_audit_record_trainjob_and_completion_shar
     assert trace_id(trainjob["metadata"]["annotations"]["tuneloop.io/traceparent"]) == TRACE_ID
 
     ref = JobRef(name=name, backend=BACKEND_NAME, namespace=k8s_namespace)
-    await TrainerStatusPatcher(objects, k8s_namespace).move(
+    # Ended through its JobSet's status: no trainer runs in this held namespace.
+    await KubernetesJobController(objects, k8s_namespace).move(
         ref, JobPhase.SUCCEEDED, result=JobResult()
     )
     stream = aiter(backend.observe())

@@ -10,18 +10,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from orchestrator.jobs.model import LoraSettings, Resources, TrainingRequest, TrainingSettings
 from runtimes.kubernetes import manifests
-from runtimes.kubernetes.catalog import RuntimeInfo
+from runtimes.kubernetes.catalog import RuntimeInfo, runtime_info
 
 GOLDEN = Path(__file__).parent / "golden"
-TORCH = RuntimeInfo(name="torch-distributed")
-WITH_INITIALIZERS = RuntimeInfo(
-    name="tuneloop-lora-init",
-    replicated_jobs=("dataset-initializer", "model-initializer", "node"),
-    has_dataset_initializer=True,
-    has_model_initializer=True,
+SHIPPED_RUNTIMES = (
+    Path(__file__).resolve().parents[3] / "deploy" / "runtimes" / "tuneloop-lora.yaml"
 )
+
+
+def shipped_runtime(name: str) -> RuntimeInfo:
+    """ClusterTrainingRuntime *name* of deploy/runtimes, as the catalog reads it from a cluster
+    that has it installed (the Kubernetes suites install these files)."""
+    (document,) = (
+        d for d in yaml.safe_load_all(SHIPPED_RUNTIMES.read_text()) if d["metadata"]["name"] == name
+    )
+    return runtime_info(document)
+
+
+TORCH = RuntimeInfo(name="torch-distributed")
+WITH_INITIALIZERS = shipped_runtime("tuneloop-lora-hf")
 BASIC = TrainingRequest(
     name="ft-drift-model-a-3f9c2e1b",
     rule="retrain-on-drift",
@@ -44,7 +55,7 @@ CASES = {
             key="model b / eu",
             decision_id="new-rows/model b/77aa01",
             causing_event_ids=tuple(f"rows-{i}" for i in range(5)),
-            runtime="tuneloop-lora-init",
+            runtime="tuneloop-lora-hf",
             base_model="hf://HuggingFaceTB/SmolLM2-135M",
             dataset="s3://datasets/model-b/",
             lora=LoraSettings(r=8, alpha=16, dropout=0.0, target_modules=("q_proj", "v_proj")),
