@@ -12,5 +12,4 @@ pytest_plugins = [
     "tests.fixtures.mlflow",
     "tests.fixtures.models",
     "tests.fixtures.object_storage",
-    "tests.fixtures.serving",
 ]
