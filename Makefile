@@ -40,7 +40,7 @@ test: venv services models browser check
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PY) -m pytest -p no:cacheprovider -m "not kafka and not kubernetes and not training and not storage and not mlflow and not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider -m "not kafka and not kubernetes and not training and not storage and not mlflow and not browser and not serving" $(PYTEST_ARGS)
 
 check: venv
 	$(VENV)/bin/ruff check .

@@ -1,8 +1,8 @@
-"""`python -m devservices prepare [kafka] [kubernetes] [helm] [object-storage] [mlflow]`:
-resolve Kafka's jars, build the local control plane (etcd, kube-apiserver,
+"""`python -m devservices prepare [kafka] [kubernetes] [helm] [object-storage] [mlflow]
+[serving]`: resolve Kafka's jars, build the local control plane (etcd, kube-apiserver,
 kube-controller-manager, the JobSet and Kubeflow Trainer controllers), helm for the chart's
-tests, s3proxy (the S3 server of the storage tests) and the
-MLflow tracking server's venv, once, into ~/.cache/tuneloop.
+tests, s3proxy (the S3 server of the storage tests), the MLflow tracking server's venv and
+vLLM's (the serving tests), once, into ~/.cache/tuneloop.
 
 With no name, all of them (`make services`); `make demo` needs only Kafka.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from devservices import control_plane, kafka, kubernetes, mlflow_server, object_storage
+from devservices import control_plane, kafka, kubernetes, mlflow_server, object_storage, serving
 
 PREPARERS: dict[str, Callable[[], None]] = {
     "kafka": kafka.prepare,
@@ -20,6 +20,7 @@ PREPARERS: dict[str, Callable[[], None]] = {
     "helm": kubernetes.prepare_helm,
     "object-storage": object_storage.prepare,
     "mlflow": mlflow_server.prepare,
+    "serving": serving.prepare,
 }
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["prepare"] or any(name not in PREPARERS for name in names):
         print(
             "usage: python -m devservices prepare [kafka] [kubernetes] [helm]"
-            " [object-storage] [mlflow]",
+            " [object-storage] [mlflow] [serving]",
             file=sys.stderr,
         )
         return 2

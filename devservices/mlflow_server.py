@@ -68,6 +68,14 @@ QUIET_ENVIRONMENT: Mapping[str, str] = {
 }
 
 
+SERVER_ENVIRONMENT: Mapping[str, str] = {
+    **QUIET_ENVIRONMENT,
+    # The server's job runner (huey consumers for GenAI evaluation jobs) is eight more Python
+    # processes that tuneloop never gives work to; on two cores they slow the start.
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+}
+
+
 class MlflowUnavailableError(ConfigError):
     """No MLflow server can be had here (pip failed, no interpreter): tests skip, CI fails."""
 
@@ -272,7 +280,7 @@ class LocalMlflowServer(LocalServer):
         started = time.monotonic()
         self._server.launch(
             server_command(python=self.python, work_dir=self.work_dir, port=self.port),
-            env={**os.environ, **QUIET_ENVIRONMENT},
+            env={**os.environ, **SERVER_ENVIRONMENT},
         )
         self._server.wait_until_ready(
             lambda: is_healthy(self.tracking_uri),

