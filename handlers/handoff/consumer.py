@@ -21,7 +21,6 @@ from typing import Any
 import httpx
 import structlog
 from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
 
 from handlers.codec import KafkaRecord, decode_record
 from handlers.handoff.ledger_topic import KafkaLedger
@@ -124,7 +123,8 @@ def _events(record: Any, registry: SchemaRegistry, max_event_bytes: int) -> list
     except InvalidEventError as exc:
         log.warning(
             "handoff_record_skipped",
-            partition=TopicPartition(record.topic, record.partition).partition,
+            topic=record.topic,
+            partition=record.partition,
             offset=record.offset,
             code=exc.code,
             error=exc.message,
