@@ -175,3 +175,31 @@ def test_a_dataset_too_small_to_hold_one_example_out_says_so(tiny_model_dir: Pat
     assert "eval_loss" not in result["metrics"]
     (evaluated,) = reporter.fields_of("evaluated")
     assert "the dataset is too small to hold one out" in evaluated["skipped"]
+
+
+def test_scoring_a_champion_changes_nothing_the_run_saves_or_merges(
+    tiny_model_dir: Path, reverse_dataset: Path, champion, tmp_path: Path
+):
+    champion_dir = champion[1]["adapter_dir"]
+    alone, compared = tmp_path / "alone", tmp_path / "compared"
+    for output, given in ((alone, None), (compared, champion_dir)):
+        config = _config(
+            tiny_model_dir,
+            reverse_dataset,
+            output,
+            max_steps=3,
+            merge=True,
+            champion_uri=given,
+        )
+        training.run(config, RecordingReporter())
+
+    # The same seed trains the same adapter bit for bit; the champion scored on the way
+    # must leave no trace in what is saved.
+    for relative in ("adapter/adapter_model.safetensors", "merged/model.safetensors"):
+        with (
+            safe_open(str(alone / relative), framework="pt") as expected,
+            safe_open(str(compared / relative), framework="pt") as saved,
+        ):
+            assert sorted(saved.keys()) == sorted(expected.keys()), relative
+            for name in expected.keys():  # noqa: SIM118 -- safe_open is not a mapping
+                assert (saved.get_tensor(name) == expected.get_tensor(name)).all(), name
