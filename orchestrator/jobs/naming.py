@@ -41,6 +41,24 @@ def job_name(*, rule: str, key: str, window_event_ids: Iterable[str]) -> str:
     return f"{readable}-{digest}"
 
 
+def trial_name(*, sweep: str, index: int) -> str:
+    """The job of trial *index* of the sweep started as job *sweep*: an RFC 1035 label of at
+    most 33 characters, the same for the same sweep and index (a sweep replayed after a crash
+    relaunches its trials by the same names, which creates nothing new).
+
+    The readable part is the sweep's (its name without the hash) and `-t<index>`; the hash
+    covers the full sweep name and the index.
+    """
+    digest = hashlib.sha256(f"{sweep}\0trial\0{index}".encode()).hexdigest()[:_HASH_LENGTH]
+    suffix = f"-t{index}"
+    room = MAX_LENGTH - _HASH_LENGTH - 1 - len(suffix)
+    readable = sweep.rsplit("-", 1)[0] if "-" in sweep else sweep
+    readable = _label(readable)[:room].strip("-")
+    if not readable or not readable[0].isalpha():
+        readable = ("j-" + readable)[:room].strip("-")
+    return f"{readable}{suffix}-{digest}"
+
+
 def _label(text: str) -> str:
     return _NOT_ALLOWED.sub("-", text.lower()).strip("-")
 

@@ -18,6 +18,7 @@ from datetime import timedelta
 from orchestrator.jobs.promotion import PromotionPolicy
 from orchestrator.rules.expressions import Expression
 from orchestrator.rules.templating import Template
+from orchestrator.sweeps.spec import SweepSpec
 
 
 class Concurrency(enum.Enum):
@@ -111,6 +112,9 @@ class LaunchTemplate:
     promote: PromotionPolicy | None = None
     """The `promote:` block: judge each adapter against the champion of the rule and key
     (`orchestrator/jobs/promotion.py`); None: no promotion step."""
+    sweep: SweepSpec | None = None
+    """The `sweep:` block: each launch runs trials of this template with varied
+    hyperparameters (`orchestrator/sweeps/`); None: each launch is one job."""
 
 
 @dataclass(frozen=True, slots=True)

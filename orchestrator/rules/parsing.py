@@ -23,6 +23,7 @@ import yaml
 
 from orchestrator.errors import ConfigError
 from orchestrator.jobs import promotion
+from orchestrator.rules import sweep_parsing
 from orchestrator.rules.durations import DurationError, parse_duration
 from orchestrator.rules.expressions import (
     Expression,
@@ -116,6 +117,7 @@ _LAUNCH_KEYS = (
     "deadline",
     "output_uri",
     "promote",
+    "sweep",
 )
 _PROMOTE_KEYS = ("metric", "mode", "min_delta")
 _TEXT_FIELDS = frozenset({"cpu", "memory"})
@@ -474,6 +476,12 @@ def _parse_rule(ctx: _Context, raw: Loc, mark: tuple[int, int]) -> Rule | None:
     budget = _integer(ctx, raw, "max_launches_per_day", None, minimum=1)
     mode = _choice(ctx, raw, "mode", Mode, Mode.LIVE)
     launch = _parse_launch(ctx, raw, mark)
+    if launch is not None and launch.sweep is not None and concurrency is Concurrency.REPLACE:
+        ctx.add(
+            raw.value_marks.get("concurrency", mark),
+            "concurrency replace would cancel a sweep halfway: a rule with a sweep takes "
+            "forbid or queue",
+        )
     types = selector.types if selector is not None else ()
     _check_data_fields(ctx, raw.get("on"), "where", selector.where if selector else None, types)
     _check_data_fields(ctx, raw, "key", key, types)
@@ -800,6 +808,14 @@ def _parse_launch(ctx: _Context, raw: Loc, mark: tuple[int, int]) -> LaunchTempl
                     sections[section][name] = template
     deadline = _duration(ctx, launch, "deadline", None, positive=True)
     promote = _parse_promote(ctx, launch, sections["training"].get("eval_fraction"))
+    sweep = None
+    if "sweep" in launch:
+        sweep = sweep_parsing.parse_sweep(
+            launch["sweep"],
+            mark=launch.value_marks["sweep"],
+            report=ctx.add,
+            training=sections["training"],
+        )
     if len(ctx.problems) > before or runtime is None:
         return None
     return LaunchTemplate(
@@ -812,6 +828,7 @@ def _parse_launch(ctx: _Context, raw: Loc, mark: tuple[int, int]) -> LaunchTempl
         output_uri=texts.get("output_uri"),
         deadline=deadline,
         promote=promote,
+        sweep=sweep,
     )
 
 

@@ -15,6 +15,7 @@ from datetime import datetime
 from orchestrator.rules.model import RuleSet
 from orchestrator.rules.state import KeyState, RuleState
 from orchestrator.rules.windows import DAY, expire
+from orchestrator.sweeps import state as sweeps
 
 
 def prune(
@@ -50,6 +51,10 @@ def prune(
             kept[name] = current
         if wakeup is not None:
             wakeups.append(wakeup)
+    # A sweep's budget deadline (or when an ended one is forgotten) is the service's timer.
+    sweeps_due = sweeps.next_wakeup(state.sweeps) if state.sweeps else None
+    if sweeps_due is not None:
+        wakeups.append(sweeps_due)
     return replace(state, rules=kept, wakeups=(min(wakeups),) if wakeups else ())
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator.events import CloudEvent
 from orchestrator.ledger import Reason, format_time, parse_time
+from orchestrator.sweeps.state import SweepState
 
 STATE_FORMAT = 1
 
@@ -153,6 +154,11 @@ class KeyState:
     arrives behind it only because a consumer read it out of order (faust can skip a fetched
     record around a rebalance and read it again after later ones, on the input topic as on
     the keyed one), so it too is counted rather than ruled `late`."""
+    sweeps: Mapping[str, SweepState] = field(default_factory=_no_items)
+    """The hyperparameter sweeps of this key's rules, by name (the launch decision's job
+    name), running or recently ended (`orchestrator/sweeps/`). The service, not the engine,
+    changes them; they are kept here so that a sweep is stored with the decisions that
+    started it, in the same changelog."""
 
     def rule(self, name: str) -> RuleState:
         """This key's state of rule *name* (empty when the rule has none yet)."""
@@ -175,6 +181,12 @@ class KeyState:
             "wakeups": [_time(t) for t in self.wakeups],
             "sequence": self.sequence,
             "positions": [[p.partition, p.offset] for p in self.positions],
+            # Only with sweeps: a state without any writes what it wrote before they existed.
+            **(
+                {"sweeps": {name: s.to_json() for name, s in sorted(self.sweeps.items())}}
+                if self.sweeps
+                else {}
+            ),
         }
 
     @classmethod
@@ -213,6 +225,9 @@ class KeyState:
                 InputPosition(partition=str(partition), offset=int(offset))
                 for partition, offset in data.get("positions", ())
             ),
+            sweeps={
+                name: SweepState.from_json(value) for name, value in data.get("sweeps", {}).items()
+            },
         )
 
 
