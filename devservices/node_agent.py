@@ -11,7 +11,13 @@ There is no container engine on a developer's machine or in CI here, so the loca
 - runs each pod: init containers one after the other, then the containers together, each as
   `command` + `args` (or the image's entrypoint) in a local process, with the pod's env
   (values, `$(VAR)` expansion, the downward API's fieldRefs, ConfigMap and Secret keys, and so
-  the `PET_*` and `KUBEFLOW_TRAINER_SERVER_*` variables the Trainer injects);
+  the `PET_*` and `KUBEFLOW_TRAINER_SERVER_*` variables the Trainer injects), plus
+  `KUBERNETES_SERVICE_HOST`/`_PORT` naming the API server on loopback, as a kubelet sets them,
+  so in-cluster clients (the chart's worker) find it;
+- gives each TrainJob its own torchrun master port: pods share the host's network, so the
+  Trainer's `PET_MASTER_PORT=29500` (and a `MASTER_PORT` a pod sets) becomes one free loopback
+  port per JobSet (label `jobset.sigs.k8s.io/jobset-uid`, and its restart attempt), the same
+  for all of its pods, and two jobs can rendezvous at once (`MasterPorts`);
 - gives each volume a directory: emptyDir per pod, a PersistentVolumeClaim per claim (shared
   by every pod that mounts it), ConfigMap, Secret, downward API and projected volumes written
   as files, a projected ServiceAccount token fetched through the TokenRequest API with the
@@ -22,10 +28,15 @@ There is no container engine on a developer's machine or in CI here, so the loca
   pod's own names, the torchrun master (`PET_MASTER_ADDR`) and the Trainer's status server to
   127.0.0.1 is bind-mounted on /etc/hosts. (Rewriting paths in env and args was the other
   choice; programs also build paths themselves, so only real mounts are faithful.) An empty
-  directory is created on the host for a mount point that does not exist;
-- maps tuneloop's trainer image (`ghcr.io/tuneloop/lora-trainer`, any tag) to this project's
-  environment: the interpreter running the agent, its `bin/` first on PATH (so `torchrun` and
-  `python` are the project's), the image's ENV, working directory /workspace;
+  directory is created on the host for a mount point that does not exist. Sources are opened
+  before anything is mounted, and the project, the interpreter and the cache are bound back
+  on themselves where a volume covers them, so an emptyDir on /tmp hides neither a clone under
+  /tmp nor the agent's own directory (`mount_script`);
+- maps tuneloop's two images, any tag, to this project's environment (the interpreter running
+  the agent, its `bin/` first on PATH): the trainer (`ghcr.io/tuneloop/lora-trainer`:
+  entrypoint `torchrun --module runtimes.trainer`, the image's ENV, working directory
+  /workspace, the example datasets at /opt/tuneloop/examples) and the orchestrator
+  (`ghcr.io/tuneloop/orchestrator`: entrypoint `tuneloop`, so the Helm chart's worker runs);
 - fails a container whose image it cannot map as a kubelet does when a pull fails: the pod
   stays Pending with the container waiting, reason `ErrImagePull`, and a message that says
   which images it can run;
@@ -45,11 +56,12 @@ What it does NOT do, on purpose:
 - images: nothing is pulled; only the mapped image runs, from the project's own files;
 - resource requests and limits: not enforced (no cgroups); the Node advertises this machine's
   CPUs and memory so that scheduling decisions look sane;
-- networking: a pod's IP is 127.0.0.1; no Service environment variables, no cluster DNS, no
-  kube-proxy: nothing can reach a Service IP. Readiness, liveness and startup probes and
-  lifecycle hooks are not run (a started container is Ready).
-It needs `unshare --mount` (root, or an unprivileged user namespace); without it a pod fails
-with reason `MountNamespaceUnavailable`.
+- networking: a pod's IP is 127.0.0.1 and ports are the host's (two pods listening on one
+  port collide, except torchrun's, above); no Service environment variables but the API
+  server's, no cluster DNS, no kube-proxy: nothing can reach a Service IP. Readiness,
+  liveness and startup probes and lifecycle hooks are not run (a started container is Ready).
+It needs `unshare --mount` (root, or an unprivileged user namespace) and bash; without the
+first a pod fails with reason `MountNamespaceUnavailable`.
 """
 
 from __future__ import annotations
@@ -67,13 +79,30 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 TUNELOOP_IMAGE_REPOSITORY = "ghcr.io/tuneloop/lora-trainer"
 """The trainer image of deploy/runtimes/*.yaml and runtimes/kubernetes/manifests.py."""
+ORCHESTRATOR_IMAGE_REPOSITORY = "ghcr.io/tuneloop/orchestrator"
+"""The worker's image (deploy/orchestrator.Dockerfile), which deploy/helm/tuneloop runs."""
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_DATASETS = "/opt/tuneloop/examples"
+"""Where deploy/trainer.Dockerfile puts the example datasets of docs/examples/datasets (the
+Helm quick start's rules train on one)."""
+
+MASTER_PORT_VARIABLES = ("PET_MASTER_PORT", "MASTER_PORT")
+"""torchrun's rendezvous port (Kubeflow's torch plugin sets `PET_MASTER_PORT=29500` on every
+trainer container). Pods here share the host's network, so two jobs at once would both bind
+29500: the agent gives each rendezvous group its own free loopback port instead."""
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+"""The labels the JobSet controller (v0.12.0, api/jobset/v1alpha2 and its pod labelling) puts
+on every pod of a JobSet; the Trainer names a TrainJob's JobSet after the TrainJob."""
 
 HOLD_LABEL = "tuneloop.io/node-agent"
 HOLD_VALUE = "hold"
@@ -90,15 +119,30 @@ RESTART_BACKOFF_SECONDS = 1.0
 
 @dataclass(frozen=True, slots=True)
 class ImageEnvironment:
-    """How the agent runs one image here: the image's entrypoint, ENV and working directory."""
+    """How the agent runs one image here: the image's entrypoint, ENV and working directory,
+    the image's own files, and the host directories the stand-in runs from."""
 
     entrypoint: tuple[str, ...]
     env: Mapping[str, str]
     working_dir: str
+    files: Mapping[str, Path] = field(default_factory=dict)
+    """A path in the image -> the host file or directory that stands in for it (bind-mounted
+    there before the pod's volumes, which may cover it as they would in a container)."""
+    host_paths: tuple[Path, ...] = ()
+    """The host directories the stand-in runs from (the project, the interpreter's prefixes,
+    the cache). A pod volume mounted over one of them (an emptyDir on /tmp over a clone under
+    /tmp) would hide the program itself, so each one a volume covers is bound back on itself."""
+
+
+def _environment_paths(python: Path, *more: Path) -> tuple[Path, ...]:
+    """The project, *python*'s environment and its base interpreter, and *more*, resolved."""
+    paths = (PROJECT_ROOT, python.parent.parent, Path(sys.base_prefix), *more)
+    return tuple(dict.fromkeys(path.resolve() for path in paths))
 
 
 def tuneloop_image_environment(python: Path, cache: Path) -> ImageEnvironment:
-    """deploy/trainer.Dockerfile's ENTRYPOINT, ENV and WORKDIR, on this project's environment."""
+    """deploy/trainer.Dockerfile's ENTRYPOINT, ENV, WORKDIR and example datasets, on this
+    project's environment."""
     bin_dir = python.parent
     return ImageEnvironment(
         entrypoint=("torchrun", "--module", "runtimes.trainer"),
@@ -111,6 +155,24 @@ def tuneloop_image_environment(python: Path, cache: Path) -> ImageEnvironment:
             "TUNELOOP_CACHE": str(cache),
         },
         working_dir="/workspace",
+        files={EXAMPLE_DATASETS: PROJECT_ROOT / "docs" / "examples" / "datasets"},
+        host_paths=_environment_paths(python, cache),
+    )
+
+
+def orchestrator_image_environment(python: Path) -> ImageEnvironment:
+    """deploy/orchestrator.Dockerfile's ENTRYPOINT (`tuneloop`), ENV and working directory
+    (none: `/`), on this project's environment: what the Helm chart's worker pod runs."""
+    bin_dir = python.parent
+    return ImageEnvironment(
+        entrypoint=("tuneloop",),
+        env={
+            "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
+        working_dir="/",
+        host_paths=_environment_paths(python),
     )
 
 
@@ -170,6 +232,123 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
         values = metadata.get(path.split(".")[1]) or {}
         return "\n".join(f'{key}="{value}"' for key, value in sorted(values.items()))
     raise ValueError(f"unsupported fieldRef {path!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# torchrun's master port (pure, and the one piece of state that allocates it)
+# --------------------------------------------------------------------------------------------
+
+
+def rendezvous_group(pod: Mapping[str, Any]) -> str:
+    """Which pods must agree on one torchrun master port: a JobSet's pods (one TrainJob's
+    nodes) of one restart attempt; any other pod is a group of its own."""
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    jobset = labels.get(JOBSET_UID_LABEL) or labels.get(JOBSET_NAME_LABEL)
+    if not jobset:
+        return f"pod/{metadata.get('uid', '')}"
+    attempt = labels.get(JOBSET_RESTART_LABEL, "0")
+    return f"jobset/{metadata.get('namespace', '')}/{jobset}/{attempt}"
+
+
+class MasterPorts:
+    """One loopback port per rendezvous group, kept while any pod of the group is on the node.
+
+    Every pod of a group gets the same port, whenever it starts; two groups never share one.
+    *pick* gives a candidate port (by default the OS's choice of a free loopback port).
+    """
+
+    def __init__(self, pick: Callable[[], int] | None = None) -> None:
+        if pick is None:
+            # Imported here: devservices.kubernetes imports this module (HOLD_LABEL).
+            from devservices.kubernetes import free_loopback_port
+
+            pick = free_loopback_port
+        self._pick = pick
+        self._lock = threading.Lock()
+        self._ports: dict[str, int] = {}
+        self._holders: dict[str, set[str]] = {}
+
+    def claim(self, group: str, holder: str) -> int:
+        """The port of *group*, chosen now if it has none; *holder* (a pod uid) keeps it."""
+        with self._lock:
+            port = self._ports.get(group)
+            if port is None:
+                taken = set(self._ports.values())
+                port = self._pick()
+                while port in taken:
+                    port = self._pick()
+                self._ports[group] = port
+            self._holders.setdefault(group, set()).add(holder)
+            return port
+
+    def release(self, holder: str) -> None:
+        """*holder* is gone; a group nobody holds gives its port back."""
+        with self._lock:
+            for group in [g for g, holders in self._holders.items() if holder in holders]:
+                self._holders[group].discard(holder)
+                if not self._holders[group]:
+                    del self._holders[group]
+                    del self._ports[group]
+
+
+# --------------------------------------------------------------------------------------------
+# A container's private mount namespace (pure)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """*source* (on the host) bind-mounted on *target* (the container's path)."""
+
+    source: Path
+    target: str
+    directory: bool = True
+
+
+def mount_script(
+    image_files: Sequence[Mount],
+    volumes: Sequence[Mount],
+    *,
+    keep: Sequence[Path],
+    hosts: Path,
+    working_dir: str,
+) -> str:
+    """The bash script that builds a container's mounts in its fresh mount namespace, then
+    runs `"$@"` in *working_dir*.
+
+    Order, as in a container: the image's files, then the volumes (parents before children),
+    then each *keep* path a mount covered, bound back on itself, and the hosts file on
+    /etc/hosts. Every source is opened before anything is mounted and mounted from its file
+    descriptor (`/proc/self/fd/N`): a volume on /tmp must not hide the next volume's source,
+    or the hosts file, when the agent's own directory is under /tmp.
+    """
+    ordered = [*image_files, *sorted(volumes, key=lambda m: PurePosixPath(m.target).parts)]
+    targets = [PurePosixPath(m.target) for m in ordered]
+    for path in keep:
+        covered = any(t == PurePosixPath(path) or t in PurePosixPath(path).parents for t in targets)
+        if covered:
+            ordered.append(Mount(path, str(path)))
+    ordered.append(Mount(hosts, "/etc/hosts", directory=False))
+    # bash gives each `{name}<path` a free descriptor (10 and up) and keeps it in $name.
+    names = [f"source{number}" for number in range(len(ordered))]
+    opened = [
+        f"{{{name}}}<{shlex.quote(str(m.source))}" for name, m in zip(names, ordered, strict=True)
+    ]
+    lines = ["exec " + " ".join(opened)]
+    for name, mount in zip(names, ordered, strict=True):
+        target = shlex.quote(mount.target)
+        if mount.directory:
+            lines.append(f"mkdir -p {target}")
+        else:
+            lines.append(f"mkdir -p {shlex.quote(str(PurePosixPath(mount.target).parent))}")
+            lines.append(f"{{ [ -e {target} ] || : > {target}; }}")
+        lines.append(f'mount --no-canonicalize --bind "/proc/self/fd/${name}" {target}')
+    lines.append("exec " + " ".join(f"{{{name}}}<&-" for name in names))
+    lines.append(f"mkdir -p {shlex.quote(working_dir)}")
+    lines.append(f"cd {shlex.quote(working_dir)}")
+    lines.append('exec "$@"')
+    return " && ".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -474,8 +653,19 @@ class PodRunner:
             variables.update({prefix + key: value.decode() for key, value in data.items()})
         hostname = self.spec.get("hostname") or self.name
         variables["HOSTNAME"] = hostname
+        # As a kubelet does for every pod: the API server's address (here loopback), so that
+        # in-cluster clients (the worker of deploy/helm/tuneloop) find it.
+        api_host, api_port = self.agent.api_server
+        variables["KUBERNETES_SERVICE_HOST"] = api_host
+        variables["KUBERNETES_SERVICE_PORT"] = str(api_port)
+        variables["KUBERNETES_SERVICE_PORT_HTTPS"] = str(api_port)
         for entry in container.spec.get("env") or []:
-            variables[entry["name"]] = self._env_value(entry, variables)
+            if entry["name"] in MASTER_PORT_VARIABLES:
+                # The torchrun master port: one free port per TrainJob, not the shared 29500.
+                port = self.agent.master_ports.claim(rendezvous_group(self.pod), self.uid)
+                variables[entry["name"]] = str(port)
+            else:
+                variables[entry["name"]] = self._env_value(entry, variables)
         return variables
 
     def _env_value(self, entry: Mapping[str, Any], variables: Mapping[str, str]) -> str:
@@ -544,16 +734,18 @@ class PodRunner:
             source = volumes[mount["name"]]
             if mount.get("subPath"):
                 source = source / mount["subPath"]
-                source.mkdir(parents=True, exist_ok=True)
-            own_mounts.append((source, mount["mountPath"]))
-        script = "".join(
-            f"mkdir -p {shlex.quote(target)} && "
-            f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)} && "
-            for source, target in own_mounts
-        )
-        script += f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && "
-        script += (
-            f'mkdir -p {shlex.quote(working_dir)} && cd {shlex.quote(working_dir)} && exec "$@"'
+                if not source.exists():
+                    source.mkdir(parents=True)
+            own_mounts.append(Mount(source, mount["mountPath"], directory=source.is_dir()))
+        script = mount_script(
+            [
+                Mount(source, target, directory=source.is_dir())
+                for target, source in environment.files.items()
+            ],
+            own_mounts,
+            keep=environment.host_paths,
+            hosts=hosts,
+            working_dir=working_dir,
         )
         logs = self.directory / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -564,10 +756,10 @@ class PodRunner:
             "--propagation",
             "private",
             "--",
-            "sh",
+            "bash",
             "-c",
             script,
-            "sh",
+            "bash",
             *command,
             *arguments,
         ]
@@ -669,6 +861,10 @@ class NodeAgent:
         self.images = dict(images)
         self.can_unshare = can_unshare
         self.runners: dict[str, PodRunner] = {}
+        self.master_ports = MasterPorts()
+        server = urllib.parse.urlsplit(api_client.configuration.host)
+        self.api_server = (server.hostname or "127.0.0.1", server.port or 443)
+        """The API server as pods reach it (KUBERNETES_SERVICE_HOST and _PORT)."""
         self._last_heartbeat = 0.0
         self._api_lock = threading.Lock()
 
@@ -870,6 +1066,7 @@ class NodeAgent:
                 runner.start()
         for uid in set(self.runners) - seen:
             gone = self.runners.pop(uid)
+            self.master_ports.release(uid)
             threading.Thread(target=gone.terminate, args=(0,), daemon=True).start()
 
     def _held_namespaces(self) -> set[str]:
@@ -930,8 +1127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    python = Path(sys.executable)
     images = {
-        TUNELOOP_IMAGE_REPOSITORY: tuneloop_image_environment(Path(sys.executable), cache_root())
+        TUNELOOP_IMAGE_REPOSITORY: tuneloop_image_environment(python, cache_root()),
+        ORCHESTRATOR_IMAGE_REPOSITORY: orchestrator_image_environment(python),
     }
     options.root.mkdir(parents=True, exist_ok=True)
     with new_api_client(options.kubeconfig) as api:
