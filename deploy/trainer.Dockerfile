@@ -37,6 +37,9 @@ LABEL org.opencontainers.image.title="tuneloop LoRA trainer" \
 RUN groupadd --gid 10001 tuneloop && useradd --uid 10001 --gid 10001 --no-create-home tuneloop \
  && mkdir -p /workspace/output && chown -R 10001:10001 /workspace
 COPY --from=build /opt/tuneloop /opt/tuneloop
+# The example datasets: the Helm quick start's rules (deploy/helm/quickstart/rules.yaml) train
+# on one, so a first job needs no data of its own. The local node agent maps this path too.
+COPY docs/examples/datasets/unit-conversions.jsonl /opt/tuneloop/examples/
 # HF_HUB_OFFLINE: models come from the image or the initializers, never a hub at job time.
 # HOME: uid 10001 has no home directory; the libraries' caches go to /tmp.
 ENV PATH=/opt/tuneloop/bin:$PATH \
