@@ -4,8 +4,8 @@ What runs (each its own process, logs under `<workdir>/logs/`):
 - etcd (deploy/local/etcd);
 - `kube-apiserver` and `kube-controller-manager` from k8s.io/kubernetes v1.37.2
   (deploy/local/kubernetes): RBAC, ServiceAccount tokens (TokenRequest, TokenReview), admission
-  webhooks; the controller manager runs only the job, ServiceAccount, token, root-CA,
-  namespace and garbage-collector controllers;
+  webhooks; the controller manager runs only the job, deployment, replica-set,
+  ServiceAccount, token, root-CA, namespace and garbage-collector controllers;
 - the JobSet controller v0.12.0 and the Kubeflow Trainer controller v2.3.0
   (deploy/local/kubeflow), their webhooks served on 127.0.0.1 with certificates we issue, the
   Trainer's `TrainJobStatus` feature gate on;
@@ -72,6 +72,8 @@ KUBEFLOW_COMMANDS = (
     "sigs.k8s.io/jobset",
     "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
 )
+KUBERNETES_VERSION = "v1.37.2"
+"""k8s.io/kubernetes as deploy/local/kubernetes/go.mod requires it, stamped into the binaries."""
 JOBSET_MODULE = "sigs.k8s.io/jobset"
 JOBSET_VERSION = "v0.12.0"
 
@@ -89,14 +91,16 @@ NODE_NAME = "tuneloop-local"
 
 KUBE_CONTROLLERS = (
     "job-controller",
+    "deployment-controller",
+    "replicaset-controller",
     "serviceaccount-controller",
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
     "namespace-controller",
     "garbage-collector-controller",
 )
-"""The controller manager's controllers: what Jobs, pods' tokens and deletions need, no more
-(no node lifecycle, no endpoints, no cloud)."""
+"""The controller manager's controllers: what Jobs, Deployments (the Helm chart's worker),
+pods' tokens and deletions need, no more (no node lifecycle, no endpoints, no cloud)."""
 
 _WEBHOOK_CERT_PARENT = Path("/tmp/k8s-webhook-server")  # noqa: S108 (the Trainer's fixed path)
 """The Trainer reads its status server's certificate from this fixed path (pkg/util/cert)."""
@@ -111,27 +115,40 @@ TRAINER_SERVICE_ACCOUNT = TRAINER_SERVICE
 # --------------------------------------------------------------------------------------------
 
 
-def _module_stamp(directory: Path) -> str:
+def _module_stamp(directory: Path, ldflags: str) -> str:
     digest = hashlib.sha256()
     for name in ("go.mod", "go.sum", "tools.go"):
         digest.update((directory / name).read_bytes())
+    if ldflags:
+        digest.update(ldflags.encode())
     return f"{directory.name}-wrapper sha256:{digest.hexdigest()[:16]}"
 
 
+def version_ldflags(version: str) -> str:
+    """The linker flags that stamp *version* into `k8s.io/component-base/version`, as
+    Kubernetes' own build does (hack/lib/version.sh). Without them the API server reports
+    `v0.0.0-master+$Format:%H$`, and clients that check its version refuse it (helm installs
+    no chart with a `kubeVersion`). Only the link step changes: the compiled packages are
+    reused from Go's build cache."""
+    major, minor = version.removeprefix("v").split(".")[:2]
+    stamped = {"gitVersion": version, "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean"}
+    return " ".join(f"-X k8s.io/component-base/version.{k}={v}" for k, v in stamped.items())
+
+
 def _build_module(
-    cache: Path, directory: Path, packages: Sequence[str], *, cold: str
+    cache: Path, directory: Path, packages: Sequence[str], *, cold: str, ldflags: str = ""
 ) -> dict[str, Path]:
     """`go build` *packages* of the wrapper module *directory* into *cache*/bin, once."""
     bin_dir = cache / "bin"
     binaries = {Path(package).name: bin_dir / Path(package).name for package in packages}
-    stamp = _module_stamp(directory)
+    stamp = _module_stamp(directory, ldflags)
     if all(local_kubernetes.stamp_matches(binary, stamp) for binary in binaries.values()):
         return binaries
     local_kubernetes.progress(f"building {', '.join(binaries)} from {directory} (cold: {cold})")
     bin_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=bin_dir, prefix=f".{directory.name}-build-") as staging:
         local_kubernetes.run_go(
-            ["build", "-trimpath", "-ldflags=-s -w", "-o", staging + "/", *packages],
+            ["build", "-trimpath", f"-ldflags=-s -w {ldflags}", "-o", staging + "/", *packages],
             env=go_environment(cache),
             cwd=directory,
             log=cache / "logs" / f"build-{directory.name}.log",
@@ -162,7 +179,11 @@ def build_control_plane(cache: Path | None = None) -> ControlPlaneBinaries:
     cache = cache or cache_root()
     etcd = local_kubernetes.build_etcd(cache)
     kubernetes = _build_module(
-        cache, KUBERNETES_WRAPPER_DIR, KUBERNETES_COMMANDS, cold="about 10 min on 2 cores"
+        cache,
+        KUBERNETES_WRAPPER_DIR,
+        KUBERNETES_COMMANDS,
+        cold="about 10 min on 2 cores",
+        ldflags=version_ldflags(KUBERNETES_VERSION),
     )
     kubeflow = _build_module(
         cache, KUBEFLOW_WRAPPER_DIR, KUBEFLOW_COMMANDS, cold="about 3 min more"

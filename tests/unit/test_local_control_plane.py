@@ -7,11 +7,14 @@ from pathlib import Path
 
 from devservices.control_plane import (
     KUBE_CONTROLLERS,
+    KUBERNETES_VERSION,
+    KUBERNETES_WRAPPER_DIR,
     ControlPlaneFiles,
     ControlPlanePorts,
     render_kube_apiserver_args,
     render_kube_controller_manager_args,
     render_trainer_config,
+    version_ldflags,
     webhook_configurations,
     with_private_mounts,
 )
@@ -134,3 +137,21 @@ def test_a_private_mount_runs_the_command_after_binding_each_directory() -> None
     assert command[:5] == ("unshare", "--mount", "--propagation", "private", "--")
     assert command[-2:] == ("trainer", "--config=c")
     assert "mount --bind '/a b' /tmp/x" in command[7]
+
+
+def test_the_stamped_kubernetes_version_is_the_one_the_wrapper_module_requires() -> None:
+    go_mod = (KUBERNETES_WRAPPER_DIR / "go.mod").read_text()
+    assert f"require k8s.io/kubernetes {KUBERNETES_VERSION}\n" in go_mod
+
+
+def test_the_binaries_report_their_release_as_kubernetes_own_build_stamps_it() -> None:
+    assert version_ldflags("v1.37.2").split() == [
+        "-X",
+        "k8s.io/component-base/version.gitVersion=v1.37.2",
+        "-X",
+        "k8s.io/component-base/version.gitMajor=1",
+        "-X",
+        "k8s.io/component-base/version.gitMinor=37",
+        "-X",
+        "k8s.io/component-base/version.gitTreeState=clean",
+    ]
