@@ -39,6 +39,7 @@ MODELS = {
     "ClusterRoleBinding": "V1ClusterRoleBinding",
     "ConfigMap": "V1ConfigMap",
     "Service": "V1Service",
+    "PersistentVolumeClaim": "V1PersistentVolumeClaim",
 }
 SASL = (
     "--set",
@@ -98,6 +99,7 @@ def test_default_render_has_every_object_the_orchestrator_needs():
         "ClusterRoleBinding/rel-tuneloop-runtimes",
         "ConfigMap/rel-tuneloop-rules",
         "Deployment/rel-tuneloop",
+        "PersistentVolumeClaim/tuneloop-adapters",
         "Role/rel-tuneloop",
         "RoleBinding/rel-tuneloop",
         "Service/rel-tuneloop",
@@ -215,3 +217,35 @@ def test_rule_files_become_the_mounted_configmap():
     assert {"name": "rules", "mountPath": "/etc/tuneloop/rules", "readOnly": True} in container[
         "volumeMounts"
     ]
+
+
+def test_the_adapters_claim_is_the_one_the_shipped_runtimes_mount_and_outlives_the_release():
+    runtimes = [
+        doc
+        for path in sorted((CHART.parents[1] / "runtimes").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+    mounted = {
+        volume["persistentVolumeClaim"]["claimName"]
+        for runtime in runtimes
+        for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        for volume in job["template"]["spec"]["template"]["spec"].get("volumes", [])
+        if "persistentVolumeClaim" in volume
+    }
+    claim = render("--set", "trainJobNamespace=training")["PersistentVolumeClaim/tuneloop-adapters"]
+    assert mounted == {claim["metadata"]["name"]}
+    assert claim["metadata"]["namespace"] == "training"
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert "storageClassName" not in claim["spec"]  # the cluster's default
+    assert "PersistentVolumeClaim/tuneloop-adapters" not in render("--set", "adapters.create=false")
+
+
+def test_the_storage_secret_is_handed_to_the_worker_by_name_only():
+    env = _env(render("--set", "trainer.storageSecret=s3-keys")["Deployment/rel-tuneloop"])
+    assert env["TUNELOOP_KUBERNETES_STORAGE_SECRET"] == {
+        "name": "TUNELOOP_KUBERNETES_STORAGE_SECRET",
+        "value": "s3-keys",
+    }
+    assert "TUNELOOP_KUBERNETES_STORAGE_SECRET" not in _env(render()["Deployment/rel-tuneloop"])
