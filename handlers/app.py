@@ -74,6 +74,9 @@ from orchestrator.rules import engine, loading
 from orchestrator.rules.engine import KeyState, RuleSet
 from orchestrator.service import Orchestrator
 from orchestrator.settings import BackendKind, KafkaSettings, Settings
+from orchestrator.sweeps import suggesting
+from orchestrator.sweeps.spec import Algorithm
+from orchestrator.sweeps.suggesting import Suggesters
 from orchestrator.vocabulary.registry import SchemaRegistry
 
 log = structlog.get_logger("tuneloop.worker")
@@ -324,6 +327,7 @@ def build_worker(
         output_topic=kafka.topic_out,
         why_not_per_minute=settings.worker.why_not_per_minute,
         champions=champions,
+        suggesters=sweep_suggesters(),
     )
     worker_tasks: set[asyncio.Task[None]] = set()
 
@@ -673,6 +677,14 @@ class ProgressReporter(Protocol):
     """Shows the trainer's progress lines (`runtimes/trainer/progress.py`)."""
 
     def emit(self, event: str, /, **fields: Any) -> None: ...
+
+
+def sweep_suggesters() -> Suggesters:
+    """The suggesters of every sweep algorithm: the core's random and grid, and TPE through
+    optuna (`runtimes/sweeps/optuna_tpe.py`), for the worker and `tuneloop simulate`."""
+    from runtimes.sweeps.optuna_tpe import OptunaTpeSuggester
+
+    return {**suggesting.PURE, Algorithm.TPE: OptunaTpeSuggester()}
 
 
 def progress_bar(stream: TextIO = sys.stdout) -> ProgressReporter:

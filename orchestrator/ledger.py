@@ -60,6 +60,10 @@ class Outcome(enum.Enum):
     DECLINE = "decline"
     """The job `job_name` succeeded but the promotion gate kept the champion; `reason` and
     `message` say why."""
+    CONCLUDE = "conclude"
+    """A sweep ended (`reason`: `goal-reached`, `max-trials`, `budget` or `max-failed`);
+    `job_name` is its best trial's job (none when no trial completed with a score) and
+    `message` says how it went (docs/sweeps.md)."""
 
 
 class Reason(enum.Enum):
@@ -71,6 +75,7 @@ class Reason(enum.Enum):
     SHADOW = "shadow"
     DEBOUNCE_PENDING = "debounce-pending"
     BUDGET = "budget"
+    """`defer`: `max_launches_per_day` is spent; `conclude`: a sweep's budget ran out."""
     QUEUED = "queued"
     JOIN_MISSING = "join-missing"
     JOINED = "joined"
@@ -99,6 +104,18 @@ class Reason(enum.Enum):
     """`decline`: the trainer could not evaluate the champion."""
     CHAMPION_CHANGED = "champion-changed"
     """`decline`: the champion moved while the job ran, so the comparison no longer holds."""
+    TRIAL = "trial"
+    """`launch`: a trial of a sweep; `job` is the trial's job, its parameters set."""
+    PRUNED = "pruned"
+    """`cancel`: the median rule stopped a trial that was behind the completed ones."""
+    SWEEP_ENDED = "sweep-ended"
+    """`cancel`: a trial still ran when its sweep ended."""
+    GOAL_REACHED = "goal-reached"
+    """`conclude`: a trial reached the sweep's goal."""
+    MAX_TRIALS = "max-trials"
+    """`conclude`: every trial the sweep could start has finished."""
+    MAX_FAILED = "max-failed"
+    """`conclude`: `max_failed` trials failed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -58,6 +58,8 @@ from orchestrator.ledger import DecisionRecord, Outcome, Reason, to_cloudevent
 from orchestrator.ports import ChampionStore, EventPublisher, TrainingBackend
 from orchestrator.rules import engine, why_not
 from orchestrator.rules.engine import JobFinished, KeyState, RuleSet
+from orchestrator.sweeps import announcing, driving, suggesting
+from orchestrator.sweeps.state import SweepStatus, TrialState
 from orchestrator.vocabulary.output import EventType
 
 log = structlog.get_logger("tuneloop.service")
@@ -111,10 +113,12 @@ class Orchestrator:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         why_not_per_minute: int = why_not.DEFAULT_PER_MINUTE,
         champions: ChampionStore | None = None,
+        suggesters: suggesting.Suggesters = suggesting.PURE,
     ) -> None:
         """*champions* is where each rule and key's champion adapter is; without one, jobs
         of rules with `promote:` are judged as if there were never a champion, and nothing
-        is remembered (tests and tools only: the worker always has one)."""
+        is remembered (tests and tools only: the worker always has one). *suggesters* choose
+        the trials of sweeps, by algorithm (the composition root adds TPE)."""
         self._rules = rules
         self._backend = backend
         self._publisher = publisher
@@ -124,6 +128,8 @@ class Orchestrator:
             store=completions, publisher=publisher, clock=clock, topic=output_topic
         )
         self._champions = champions
+        self._suggesters = suggesters
+        self._output_topic = output_topic
         self._clock = clock
         self._audit_topic = audit_topic
         self._retry = retry
@@ -191,7 +197,7 @@ class Orchestrator:
         """
         signal = signals.read_signal(event)
         if isinstance(signal, signals.Tick):
-            return await self.handle_tick(key)
+            return await self.handle_tick(key, at=signal.at)
         if isinstance(signal, Observation):
             return await self.handle_observation(key, signal)
         return await self.handle_event(
@@ -220,17 +226,27 @@ class Orchestrator:
         )
         return await self._commit(key, state, records)
 
-    async def handle_tick(self, key: str) -> tuple[DecisionRecord, ...]:
-        state, records = engine.tick(
-            self._rules, self._states.load(key), key=key, now=self._clock.now()
-        )
-        return await self._commit(key, state, records)
+    async def handle_tick(
+        self, key: str, *, at: datetime | None = None
+    ) -> tuple[DecisionRecord, ...]:
+        """Timers of *key* may be due; *at* is when the tick was sent (a sweep's budget is
+        judged at that time, so a replayed tick decides as the first one did)."""
+        now = self._clock.now()
+        state, records = engine.tick(self._rules, self._states.load(key), key=key, now=now)
+        step = None
+        if state.sweeps:
+            step = driving.tick(state.sweeps, now=at or now, suggesters=self._suggesters)
+        return await self._commit(key, state, records, step)
 
     async def handle_observation(
         self, key: str, observation: Observation
     ) -> tuple[DecisionRecord, ...]:
         """Announce the job's milestone (once) and, when it finished, tell the engine; a job
-        that succeeded is judged by the promotion gate first, when its rule asks for it."""
+        that succeeded is judged by the promotion gate first, when its rule asks for it. A
+        sweep's trial is its sweep's business instead (`_observe_trial`)."""
+        state = self._states.load(key)
+        if state is not None and driving.owns(state.sweeps, observation.job.name):
+            return await self._observe_trial(key, state, observation)
         if observation.phase is JobPhase.SUCCEEDED:
             await self._judge(observation)
         published = await self._completions.handle(observation)
@@ -326,14 +342,29 @@ class Orchestrator:
     # --- carrying out decisions ---------------------------------------------------------
 
     async def _commit(
-        self, key: str, state: KeyState, records: tuple[DecisionRecord, ...]
+        self,
+        key: str,
+        state: KeyState,
+        records: tuple[DecisionRecord, ...],
+        step: driving.Step | None = None,
     ) -> tuple[DecisionRecord, ...]:
-        """Carry out *records*, then keep *state*. A job the backend refused for good counts
-        as finished at once, so that `concurrency: forbid` does not wait for it forever."""
+        """Carry out *records* (and what the key's sweeps decided, *step*), then keep
+        *state*. A job the backend refused for good counts as finished at once, so that
+        `concurrency: forbid` does not wait for it forever; so does a sweep that ended."""
         rejected: list[JobFinished] = []
         for record in records:
             await self._audit(record)
-            if record.outcome is Outcome.CANCEL and record.job_name:
+            spec = engine.sweep_of(self._rules, record)
+            if spec is not None and record.job is not None:
+                started = driving.start(
+                    step.sweeps if step is not None else state.sweeps,
+                    spec,
+                    record.job,
+                    now=self._clock.now(),
+                    suggesters=self._suggesters,
+                )
+                step = started if step is None else driving.merge(step, started)
+            elif record.outcome is Outcome.CANCEL and record.job_name:
                 log.info("job_cancel", job=record.job_name, rule=record.rule, key=record.key)
                 await self._retrying(
                     functools.partial(
@@ -356,6 +387,10 @@ class Orchestrator:
                         at=record.time,
                     )
                 )
+        if step is not None:
+            state, ended = await self._sweep(key, state, step)
+            rejected += ended
+            records = (*records, *step.records)
         self._states.save(key, state)
         for finished in rejected:
             records = (*records, *await self._finish(key, finished))
@@ -364,15 +399,20 @@ class Orchestrator:
     async def _audit(self, record: DecisionRecord) -> None:
         await self._publisher.publish(to_cloudevent(record), topic=self._audit_topic)
 
-    async def _launch(self, request: TrainingRequest) -> bool:
-        """Launch *request*, retrying while the backend is unavailable; False if refused."""
+    async def _launch(self, request: TrainingRequest, *, announce: bool = True) -> bool:
+        """Launch *request*, retrying while the backend is unavailable; False if refused.
+
+        Raises:
+            JobRejectedError: refused, and *announce* is False (a sweep's trial: its sweep
+                counts it as failed instead of announcing `finetune.failed`).
+        """
         request = await self._with_champion(request)
         await self._completions.record_launch(request)
         if self._rules.limits.max_concurrent_jobs is None:
-            return await self._launch_now(request)
+            return await self._launch_now(request, announce=announce)
         async with self._slots:
             await self._wait_for_a_slot(request)
-            return await self._launch_now(request)
+            return await self._launch_now(request, announce=announce)
 
     async def _with_champion(self, request: TrainingRequest) -> TrainingRequest:
         """*request* with the champion its adapter will be compared with, for a rule with
@@ -418,7 +458,7 @@ class Orchestrator:
             await self._sleep(delay)
             delay = min(delay * 2, self._retry.max_delay)
 
-    async def _launch_now(self, request: TrainingRequest) -> bool:
+    async def _launch_now(self, request: TrainingRequest, *, announce: bool) -> bool:
         try:
             job = await self._retrying(
                 functools.partial(self._backend.launch, request),
@@ -427,10 +467,113 @@ class Orchestrator:
             )
         except JobRejectedError as exc:
             log.error("job_rejected", job=request.name, reason=exc.reason, error=str(exc))
+            if not announce:
+                raise
             await self._completions.announce_rejection(request, exc, backend="")
             return False
         log.info("job_launched", job=job.name, rule=request.rule, key=request.key)
         return True
+
+    # --- sweeps (orchestrator/sweeps/: the decisions; here: carrying them out) ----------
+
+    async def _observe_trial(
+        self, key: str, state: KeyState, observation: Observation
+    ) -> tuple[DecisionRecord, ...]:
+        """A trial's job made progress or ended: its sweep decides what follows. Its phases
+        are recorded without `finetune.*` events, except a completed trial's, which waits
+        for its sweep to end (the best one's `finetune.completed` goes out then)."""
+        step = driving.observe(state.sweeps, observation, suggesters=self._suggesters)
+        sweep = driving.sweep_with(step.sweeps, observation.job.name)
+        trial = sweep.trial_of(observation.job.name) if sweep is not None else None
+        candidate = (
+            trial is not None
+            and trial.state is TrialState.COMPLETED
+            and (sweep is None or sweep.end is None or sweep.end.best == trial.index)
+        )
+        if not (observation.phase.is_final and candidate):
+            await self._completions.handle(observation, publish=False)
+        if not step.changed:
+            return ()
+        return await self._commit(key, state, (), step)
+
+    async def _sweep(
+        self, key: str, state: KeyState, step: driving.Step
+    ) -> tuple[KeyState, list[JobFinished]]:
+        """Carry out *step*: audit, cancel, launch trials (a trial the backend refuses fails,
+        which may start another), announce the sweeps that ended. Returns the key's state
+        with its sweeps, and the ended sweeps as finished jobs of their rules."""
+        ended: list[JobFinished] = []
+        while True:
+            for record in step.records:
+                await self._audit(record)
+            for job in step.cancels:
+                log.info("trial_cancel", job=job, key=key)
+                await self._retrying(
+                    functools.partial(self._backend.cancel, JobRef(name=job, backend="")),
+                    "job_cancel_retry",
+                    job=job,
+                )
+            refused: list[tuple[TrainingRequest, JobRejectedError]] = []
+            for request in step.launches:
+                try:
+                    await self._launch(request, announce=False)
+                except JobRejectedError as exc:
+                    refused.append((request, exc))
+            for done in step.finished:
+                ended.append(await self._conclude(key, done))
+            if not refused:
+                break
+            sweeps = step.sweeps
+            step = driving.Step(sweeps=sweeps)
+            for request, refusal in refused:
+                more = driving.rejected(
+                    step.sweeps,
+                    request,
+                    reason=f"{refusal.reason}: {refusal}",
+                    at=self._clock.now(),
+                    suggesters=self._suggesters,
+                )
+                step = driving.merge(step, more)
+        return engine.with_sweeps(self._rules, state, step.sweeps, now=self._clock.now()), ended
+
+    async def _conclude(self, key: str, done: driving.Finished) -> JobFinished:
+        """A sweep ended: its best trial goes through the promotion gate and is announced
+        (`finetune.completed`), the other completed trials are recorded quietly, and the
+        sweep's one result goes out. Replayed after a crash, the gate's recorded decision
+        stands and every event has the id it had."""
+        sweep, best = done.sweep, done.best
+        assert sweep.end is not None
+        for trial in sweep.trials:
+            if trial.state is TrialState.COMPLETED and trial.index != sweep.end.best:
+                quiet = driving.success_of(trial)
+                await self._completions.handle(quiet, publish=False)
+        decision = None
+        if best is not None:
+            await self._judge(best)
+            published = await self._completions.handle(best)
+            record = await self._completions_store.load(best.job.name)
+            decision = record.promotion if record is not None else None
+            judged = _promotion_record(record, best) if published else None
+            if judged is not None:
+                await self._audit(judged)
+        event = announcing.sweep_completed(sweep, promotion=decision)
+        await self._publisher.publish(event, topic=self._output_topic)
+        log.info(
+            "sweep_ended",
+            sweep=sweep.name,
+            key=key,
+            status=sweep.end.status.value,
+            reason=sweep.end.reason.value,
+            best=best.job.name if best is not None else None,
+            promoted=decision.promoted if decision is not None else None,
+        )
+        return JobFinished(
+            rule=sweep.base.rule,
+            key=key,
+            job_name=sweep.name,
+            succeeded=sweep.end.status is SweepStatus.SUCCEEDED,
+            at=sweep.end.at,
+        )
 
     async def _retrying(
         self, call: Callable[[], Awaitable[_Result]], retry_event: str, **context: str

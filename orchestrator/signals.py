@@ -41,7 +41,9 @@ def is_internal(event_type: str) -> bool:
 def observation_event(observation: Observation, *, key: str) -> CloudEvent:
     """The signal for *observation* of a job that belongs to *key*.
 
-    Its id names the job and phase, so a backend repeating itself sends the same signal.
+    Its id names the job and phase, so a backend repeating itself sends the same signal. A
+    progress report also names its step (`<job>.running.step-<n>`) and carries the report:
+    the keyed topic dedupes by id, and a sweep's median rule needs every new step's loss.
     """
     data: dict[str, Any] = {
         "key": key,
@@ -60,8 +62,13 @@ def observation_event(observation: Observation, *, key: str) -> CloudEvent:
             "adapter_uri": observation.result.adapter_uri,
             "metrics": dict(observation.result.metrics),
         }
+    event_id = f"{observation.job.name}.{observation.phase.value.lower()}"
+    step = observation.progress.get("step") if observation.progress else None
+    if isinstance(step, int) and not isinstance(step, bool):
+        data["progress"] = dict(observation.progress)
+        event_id = f"{event_id}.step-{step}"
     return CloudEvent(
-        id=f"{observation.job.name}.{observation.phase.value.lower()}",
+        id=event_id,
         source=SOURCE,
         type=OBSERVATION_TYPE,
         subject=key,
@@ -109,6 +116,7 @@ def read_signal(event: CloudEvent) -> Observation | Tick | None:
                 if isinstance(result, dict)
                 else None
             ),
+            progress=progress if isinstance(progress := data.get("progress"), dict) else {},
         )
     if is_internal(event.type):
         raise ValueError(f"unknown internal signal type {event.type!r}")

@@ -336,6 +336,7 @@ _SAYS = {
     Outcome.IGNORE: "ignored it",
     Outcome.PROMOTE: "promoted the adapter of the job it caused",
     Outcome.DECLINE: "kept the champion over the adapter of the job it caused",
+    Outcome.CONCLUDE: "ended the sweep it caused",
 }
 """What each outcome means, said of one event."""
 

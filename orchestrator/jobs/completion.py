@@ -146,8 +146,14 @@ class CompletionPublisher:
         )
         return await self.handle(refused)
 
-    async def handle(self, observation: Observation) -> tuple[CloudEvent, ...]:
+    async def handle(
+        self, observation: Observation, *, publish: bool = True
+    ) -> tuple[CloudEvent, ...]:
         """Publish what *observation* announces, if it is news; return what was published.
+
+        With *publish* False the milestone is recorded as dealt with but no event goes out:
+        a sweep's trial, whose sweep announces it (`io.tuneloop.finetune.sweep.completed.v1`,
+        and `finetune.completed` for its best trial only).
 
         Raises:
             Whatever the `EventPublisher` raises; nothing is recorded then, so handing the
@@ -167,9 +173,10 @@ class CompletionPublisher:
         milestone = transition.milestone
         published: tuple[CloudEvent, ...] = ()
         if milestone is not None and milestone not in record.announced:
-            event = self.event_for(milestone, observation, record)
-            await self._publisher.publish(event, topic=self._topic)
-            published = (event,)
+            if publish:
+                event = self.event_for(milestone, observation, record)
+                await self._publisher.publish(event, topic=self._topic)
+                published = (event,)
             record = replace(record, announced=(*record.announced, milestone))
         await self._store.save(record)
         return published

@@ -42,6 +42,7 @@ concern has its own module beside it:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -57,6 +58,8 @@ from orchestrator.rules.model import RuleSet
 from orchestrator.rules.records import Decider
 from orchestrator.rules.state import InputPosition, KeyState, identity
 from orchestrator.rules.timers import next_wakeup
+from orchestrator.sweeps.spec import SweepSpec
+from orchestrator.sweeps.state import SweepState
 
 __all__ = [
     "InputPosition",
@@ -70,8 +73,10 @@ __all__ = [
     "observe",
     "route",
     "routing_errors",
+    "sweep_of",
     "tick",
     "why_not",
+    "with_sweeps",
 ]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -158,6 +163,23 @@ def why_not(rules: RuleSet, event: CloudEvent, *, now: datetime) -> tuple[Decisi
         for miss in missed
     )
     return (*errors, *ignored)
+
+
+def sweep_of(rules: RuleSet, record: DecisionRecord) -> SweepSpec | None:
+    """The sweep a `launch` record starts: its rule's `sweep:` block (None: the record
+    launches one job). A trial's own launch (reason `trial`) starts nothing."""
+    if record.outcome is not Outcome.LAUNCH or record.reason is not None or record.job is None:
+        return None
+    rule = rules.by_name.get(record.rule)
+    return rule.launch.sweep if rule is not None else None
+
+
+def with_sweeps(
+    rules: RuleSet, state: KeyState, sweeps: Mapping[str, SweepState], *, now: datetime
+) -> KeyState:
+    """*state* with the key's sweeps replaced by *sweeps* (the service drives them,
+    `orchestrator/sweeps/driving.py`) and its next wakeup computed again with them."""
+    return pruning.prune(rules, replace(state, sweeps=sweeps), now=now)
 
 
 def may_launch(rules: RuleSet, *, running: int) -> bool:

@@ -43,6 +43,8 @@ class EventType(enum.StrEnum):
     ADAPTER_SERVED = "io.tuneloop.adapter.served.v1"
     """Published by `tuneloop handoff` (`orchestrator/handoff/announcing.py`)."""
     ADAPTER_HANDOFF_FAILED = "io.tuneloop.adapter.handoff_failed.v1"
+    FINETUNE_SWEEP_COMPLETED = "io.tuneloop.finetune.sweep.completed.v1"
+    """Published once per sweep by the service (`orchestrator/sweeps/announcing.py`)."""
 
 
 def finetune_started(
