@@ -212,13 +212,18 @@ class WorkerConfig:
     topics: dict[str, str]
     group: str
     rules: Path
-    kubeconfig: Path
-    namespace: str
+    kubeconfig: Path | None
+    namespace: str | None
+    """Both None for `backend="local"`."""
     internal_partitions: int = 2
     log_level: str = "warning"
     session_timeout: float = 8.0
     """Seconds before the broker gives a killed worker's partitions away (faust's default
     is 60 s; short here so that a kill costs seconds, not minutes)."""
+    backend: str = "kubernetes"
+    """`tuneloop run --backend`: the suites' default, or `local` (its settings, such as
+    `TUNELOOP_LOCAL_ROOT`, in `extra_environment`)."""
+    extra_environment: Mapping[str, str] = field(default_factory=dict)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -237,6 +242,7 @@ class WorkerConfig:
             BROKER_COMMIT_INTERVAL="0.5",
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_environment)
         return env
 
 
@@ -261,11 +267,9 @@ class WorkerProcess:
             "--rules",
             str(self.config.rules),
             "--backend",
-            "kubernetes",
-            "--kubeconfig",
-            str(self.config.kubeconfig),
-            "--namespace",
-            self.config.namespace,
+            self.config.backend,
+            *(["--kubeconfig", str(self.config.kubeconfig)] if self.config.kubeconfig else []),
+            *(["--namespace", self.config.namespace] if self.config.namespace else []),
             "--log-level",
             self.config.log_level,
         ]
