@@ -27,6 +27,7 @@ from orchestrator.events import CloudEvent
 from orchestrator.ledger import (
     DecisionRecord,
     Outcome,
+    Reason,
     format_time,
     from_cloudevent,
     job_to_json,
@@ -36,6 +37,8 @@ from orchestrator.rules.durations import DurationError, parse_duration
 from orchestrator.rules.model import RuleSet
 from orchestrator.rules.parsing import RuleFileError
 from orchestrator.rules.simulation import Simulation, simulate
+from orchestrator.sweeps.scripting import TrialScript, parse_script
+from orchestrator.sweeps.suggesting import Suggesters
 from orchestrator.vocabulary.registry import SchemaRegistry
 
 AUDIT_READ_IDLE_MS = 3000
@@ -121,8 +124,33 @@ def _duration_option(text: str) -> timedelta:
         raise typer.BadParameter(str(exc)) from exc
 
 
-def _run(rules: RuleSet, events: Path, assume_duration: str) -> tuple[DecisionRecord, ...]:
-    run = Simulation(rules, assume_duration=_duration_option(assume_duration))
+def _trial_script(path: Path | None) -> TrialScript | None:
+    """The trial outcomes scripted in *path* (YAML or JSON; orchestrator/sweeps/scripting.py)."""
+    if path is None:
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return parse_script(data, parse_duration=parse_duration)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError) as exc:
+        raise _fail(f"{path}: not a trial script: {exc}") from exc
+
+
+def _suggesters() -> Suggesters:
+    # The worker's own suggesters (TPE through optuna); imported only to simulate.
+    from handlers.app import sweep_suggesters
+
+    return sweep_suggesters()
+
+
+def _run(
+    rules: RuleSet, events: Path, assume_duration: str, assume_metrics: Path | None = None
+) -> tuple[DecisionRecord, ...]:
+    run = Simulation(
+        rules,
+        assume_duration=_duration_option(assume_duration),
+        assume_metrics=_trial_script(assume_metrics),
+        suggesters=_suggesters(),
+    )
     for event in _read_events(events):
         try:
             run.feed(event)
@@ -139,10 +167,17 @@ def simulate_command(
     assume_duration: Annotated[
         str, typer.Option("--assume-duration", help="How long each launched job runs.")
     ] = "1h",
+    assume_metrics: Annotated[
+        Path | None,
+        typer.Option(
+            "--assume-metrics",
+            help="What each sweep trial reports (YAML; docs/sweeps.md). Default: no metrics.",
+        ),
+    ] = None,
 ) -> None:
     """Replay events through the real engine, the clock following event time."""
     rule_set = _load(rules)
-    records = _run(rule_set, events, assume_duration)
+    records = _run(rule_set, events, assume_duration, assume_metrics)
     if as_json:
         for record in records:
             typer.echo(json.dumps(record.to_json(), sort_keys=True))
@@ -153,6 +188,8 @@ def simulate_command(
 
 
 def _detail(record: DecisionRecord) -> str:
+    if record.reason is Reason.TRIAL:  # its message names the parameters it tries
+        return record.message
     if record.job is not None:
         return f"{record.job.name} runtime={record.job.runtime} dataset={record.job.dataset}"
     return record.message
@@ -242,6 +279,9 @@ def explain(
     ] = None,
     events: Annotated[Path | None, typer.Option("--events", help="Events to simulate.")] = None,
     assume_duration: Annotated[str, typer.Option("--assume-duration")] = "1h",
+    assume_metrics: Annotated[
+        Path | None, typer.Option("--assume-metrics", help="Sweep trial outcomes (YAML).")
+    ] = None,
     bootstrap: Annotated[
         str | None, typer.Option("--bootstrap", help="Kafka to read the audit topic from.")
     ] = None,
@@ -263,7 +303,7 @@ def explain(
     if records_path is not None:
         records = _read_records(records_path)
     elif rules and events is not None:
-        records = list(_run(_load(rules), events, assume_duration))
+        records = list(_run(_load(rules), events, assume_duration, assume_metrics))
     elif bootstrap is not None:
         records = _records_from_kafka(bootstrap, topic)
     else:
@@ -481,7 +521,16 @@ def _run_case(rules: RuleSet, case: Mapping[str, Any]) -> list[str]:
             event["time"] = str(event["time"])
         events.append(_parse_event(event))
     duration = parse_duration(case.get("assume_duration", "1h"))
-    records = simulate(rules, events, assume_duration=duration)
+    script = None
+    if case.get("assume_metrics") is not None:
+        script = parse_script(case["assume_metrics"], parse_duration=parse_duration)
+    records = simulate(
+        rules,
+        events,
+        assume_duration=duration,
+        assume_metrics=script,
+        suggesters=_suggesters(),
+    )
     expected = list(case.get("expect") or [])
     if not any(e.get("outcome") == Outcome.IGNORE.value for e in expected):
         # Why-not records say why a rule turned an event away. A case that expects none of
