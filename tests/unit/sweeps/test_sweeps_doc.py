@@ -153,3 +153,37 @@ def test_simulate_takes_the_trial_script_from_a_file(tmp_path):
     assert "not a trial script: trials[0].metrics: expected a mapping of metric: number" in (
         result.output
     )
+
+
+def test_explain_follows_the_alarm_to_the_end_of_its_sweep(tmp_path):
+    (tmp_path / "rules.yaml").write_text(block("rules"))
+    (tmp_path / "trials.yaml").write_text(block("trials"))
+    event = {
+        "specversion": "1.0",
+        "id": "d1",
+        "source": "/monitors/eval",
+        "type": "io.tuneloop.drift.detected.v1",
+        "time": "2026-03-01T08:00:00Z",
+        "data": {"model_id": "m7", "metric": "psi", "value": 0.3, "threshold": 0.2},
+    }
+    (tmp_path / "events.jsonl").write_text(json.dumps(event) + "\n")
+    result = CliRunner().invoke(
+        app,
+        [
+            "explain",
+            "--event",
+            "d1",
+            "--rules",
+            str(tmp_path / "rules.yaml"),
+            "--events",
+            str(tmp_path / "events.jsonl"),
+            "--assume-metrics",
+            str(tmp_path / "trials.yaml"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert (
+        lines[1] == "  rule 'sweep-on-drift' for key 'm7': ended the sweep it caused (goal-reached)"
+    )
+    assert sum("launch (trial)" in line for line in lines) == 6
