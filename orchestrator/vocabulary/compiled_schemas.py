@@ -175,12 +175,15 @@ class _Compiler:
         return lambda value: not isinstance(value, list) or all(check(item) for item in value)
 
     def enum(self, keyword: str, argument: Any, schema: Mapping[str, Any]) -> ProvesValid:
-        # Strings only: jsonschema compares other values with its own rules (1 != True).
+        # Strings and null only: jsonschema compares other values with its own rules
+        # (1 != True); null equals only null there, as `is None` does here.
         choices = [argument] if keyword == "const" else argument
-        if not all(isinstance(choice, str) for choice in choices):
+        if not all(choice is None or isinstance(choice, str) for choice in choices):
             raise _UnsupportedError("enum")
-        allowed = frozenset(choices)
-        return lambda value: isinstance(value, str) and value in allowed
+        allowed = frozenset(choice for choice in choices if choice is not None)
+        if len(allowed) == len(choices):
+            return lambda value: isinstance(value, str) and value in allowed
+        return lambda value: value is None or (isinstance(value, str) and value in allowed)
 
     def format(self, keyword: str, argument: Any, schema: Mapping[str, Any]) -> ProvesValid:
         check = self.formats.get(argument)
