@@ -7,7 +7,7 @@ export TUNELOOP_CACHE ?= $(HOME)/.cache/tuneloop
 .PHONY: help venv services models browser test test-fast check lint format demo bench soak clean
 
 help:
-	@echo "make demo    run the whole loop on this machine (Kafka, rules, a LoRA fine-tune, the completion event)"
+	@echo "make demo    run the whole loop on this machine (Kafka, S3, a LoRA fine-tune, MLflow, the hand-off to vLLM)"
 	@echo "make test    make check, install what the tests need, start the real services, run the suite"
 	@echo "make check   ruff, mypy --strict, import-linter"
 	@echo "make bench   run the benchmarks and write docs/performance.md"
@@ -52,10 +52,11 @@ format: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# The demo needs only Kafka and the one model it fine-tunes (TUNELOOP_DEMO_MODEL=tiny: fast path).
+# The demo's services (Kafka, s3proxy, the MLflow server, vLLM) and the one model it fine-tunes.
+# TUNELOOP_DEMO_MODEL=tiny: the fast path, without vLLM, which cannot serve the tiny model.
 TUNELOOP_DEMO_MODEL ?= smollm2
 demo: venv
-	$(PY) -m devservices prepare kafka
+	$(PY) -m devservices prepare kafka object-storage mlflow $(if $(filter tiny,$(TUNELOOP_DEMO_MODEL)),,serving)
 	$(PY) -m runtimes.models prepare $(TUNELOOP_DEMO_MODEL)
 	$(VENV)/bin/tuneloop demo --model $(TUNELOOP_DEMO_MODEL)
 

