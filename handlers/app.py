@@ -77,6 +77,7 @@ from orchestrator.settings import BackendKind, KafkaSettings, Settings
 from orchestrator.sweeps import suggesting
 from orchestrator.sweeps.spec import Algorithm
 from orchestrator.sweeps.suggesting import Suggesters
+from orchestrator.sweeps.tracking import SweepTracker
 from orchestrator.vocabulary.registry import SchemaRegistry
 
 log = structlog.get_logger("tuneloop.worker")
@@ -328,6 +329,7 @@ def build_worker(
         why_not_per_minute=settings.worker.why_not_per_minute,
         champions=champions,
         suggesters=sweep_suggesters(),
+        sweep_tracker=mlflow_sweeps(settings) if settings.mlflow.tracking_uri else None,
     )
     worker_tasks: set[asyncio.Task[None]] = set()
 
@@ -615,6 +617,21 @@ def mlflow_champions(settings: Settings) -> ChampionStore:
     from runtimes.tracking.champions import MlflowChampionStore
 
     return MlflowChampionStore(
+        TrackingSettings.from_env(
+            os.environ,
+            tracking_uri=settings.mlflow.tracking_uri,
+            request_timeout=settings.mlflow.request_timeout,
+        )
+    )
+
+
+def mlflow_sweeps(settings: Settings) -> SweepTracker:
+    """Each sweep as a parent run of its trials' runs on the MLflow server at
+    `settings.mlflow.tracking_uri` (docs/tracking.md)."""
+    from runtimes.tracking import TrackingSettings
+    from runtimes.tracking.sweeps import MlflowSweepTracker
+
+    return MlflowSweepTracker(
         TrackingSettings.from_env(
             os.environ,
             tracking_uri=settings.mlflow.tracking_uri,

@@ -60,6 +60,7 @@ from orchestrator.rules import engine, why_not
 from orchestrator.rules.engine import JobFinished, KeyState, RuleSet
 from orchestrator.sweeps import announcing, driving, suggesting
 from orchestrator.sweeps.state import SweepStatus, TrialState
+from orchestrator.sweeps.tracking import SweepTracker
 from orchestrator.vocabulary.output import EventType
 
 log = structlog.get_logger("tuneloop.service")
@@ -114,11 +115,14 @@ class Orchestrator:
         why_not_per_minute: int = why_not.DEFAULT_PER_MINUTE,
         champions: ChampionStore | None = None,
         suggesters: suggesting.Suggesters = suggesting.PURE,
+        sweep_tracker: SweepTracker | None = None,
     ) -> None:
         """*champions* is where each rule and key's champion adapter is; without one, jobs
         of rules with `promote:` are judged as if there were never a champion, and nothing
         is remembered (tests and tools only: the worker always has one). *suggesters* choose
-        the trials of sweeps, by algorithm (the composition root adds TPE)."""
+        the trials of sweeps, by algorithm (the composition root adds TPE). *sweep_tracker*
+        records each sweep as a whole (MLflow's parent run of its trials), when tracking is
+        configured."""
         self._rules = rules
         self._backend = backend
         self._publisher = publisher
@@ -129,6 +133,7 @@ class Orchestrator:
         )
         self._champions = champions
         self._suggesters = suggesters
+        self._sweep_tracker = sweep_tracker
         self._output_topic = output_topic
         self._clock = clock
         self._audit_topic = audit_topic
@@ -513,6 +518,7 @@ class Orchestrator:
                     "job_cancel_retry",
                     job=job,
                 )
+            await self._track_sweeps_of(step)
             refused: list[tuple[TrainingRequest, JobRejectedError]] = []
             for request in step.launches:
                 try:
@@ -536,6 +542,19 @@ class Orchestrator:
                 step = driving.merge(step, more)
         return engine.with_sweeps(self._rules, state, step.sweeps, now=self._clock.now()), ended
 
+    async def _track_sweeps_of(self, step: driving.Step) -> None:
+        """Tell the sweep tracker about the sweeps *step* launches trials of, before they
+        launch: a trial's run finds its sweep's record when it starts."""
+        if self._sweep_tracker is None:
+            return
+        names = dict.fromkeys(
+            sweep.name
+            for request in step.launches
+            if (sweep := driving.sweep_with(step.sweeps, request.name)) is not None
+        )
+        for name in names:
+            await self._sweep_tracker.started(step.sweeps[name])
+
     async def _conclude(self, key: str, done: driving.Finished) -> JobFinished:
         """A sweep ended: its best trial goes through the promotion gate and is announced
         (`finetune.completed`), the other completed trials are recorded quietly, and the
@@ -558,6 +577,8 @@ class Orchestrator:
                 await self._audit(judged)
         event = announcing.sweep_completed(sweep, promotion=decision)
         await self._publisher.publish(event, topic=self._output_topic)
+        if self._sweep_tracker is not None:
+            await self._sweep_tracker.ended(sweep)
         log.info(
             "sweep_ended",
             sweep=sweep.name,

@@ -36,6 +36,13 @@ TAG_ARTIFACTS = "tuneloop.artifacts"
 """`uploaded` when the adapter's files are the run's artifacts under `adapter/`, else why not."""
 TAG_WARNINGS = "tuneloop.tracking_warnings"
 """What the trainer could not track (steps skipped while the server was away)."""
+TAG_SWEEP = "tuneloop.sweep"
+"""On a sweep's parent run: the sweep's name (the launch decision's job name)."""
+TAG_SWEEP_DECISION_ID = "tuneloop.sweep_decision_id"
+"""On a sweep's parent run: the decision id of the launch that started the sweep. Every trial
+of a sweep carries that decision id, so a trial's run finds its parent by it."""
+TAG_PARENT_RUN = "mlflow.parentRunId"
+"""MLflow's own tag making a run the child of another (its UI nests the trials under it)."""
 TAG_SCORE_PREFIX = "tuneloop.score."
 """A promoted version's scores, as the gate saw them: `tuneloop.score.eval_loss`."""
 

@@ -75,7 +75,7 @@ class TrackedRun:
         self._job = job
         self._context = context
         self._params = dict(params)
-        self._tags = {naming.TAG_JOB: job, **_context_tags(context), **tags}
+        self._tags = {naming.TAG_JOB: job, **context_tags(context), **tags}
         self._warn_out = warn
         self._flush_seconds = flush_seconds
         self._clock = clock
@@ -196,6 +196,9 @@ class TrackedRun:
         experiment = naming.experiment_name(context.rule) if context else DEFAULT_EXPERIMENT
         experiment_id = self._client.experiment_id(experiment)
         run = self._client.find_run(experiment_id, tag=naming.TAG_JOB, value=self._job)
+        parent = self._sweep_run(experiment_id)
+        if parent is not None:
+            self._tags[naming.TAG_PARENT_RUN] = parent
         if run is None:
             run = self._client.create_run(experiment_id, name=self._job, tags=self._tags)
         elif run.status != "RUNNING":
@@ -206,6 +209,23 @@ class TrackedRun:
             # A param is immutable: a resumed job whose settings changed keeps the first ones.
             self._warn(f"logging the params: {exc.message}")
         return run
+
+    def _sweep_run(self, experiment_id: str) -> str | None:
+        """The id of the parent run of the sweep this job is a trial of (the worker created it
+        before launching the trial, tagged with the sweep's decision id); None for a job of no
+        sweep, or when the search is refused (the run is then tracked on its own)."""
+        if self._context is None:
+            return None
+        try:
+            parent = self._client.find_run(
+                experiment_id,
+                tag=naming.TAG_SWEEP_DECISION_ID,
+                value=self._context.decision_id,
+            )
+        except TrackingRequestError as exc:
+            self._warn(f"finding the sweep's run: {exc.message}")
+            return None
+        return parent.run_id if parent is not None else None
 
     def _flush(self) -> None:
         self._last_flush = self._clock()
@@ -299,7 +319,7 @@ def version_tags(context: RunContext, *, adapter_uri: str) -> dict[str, str]:
     }
 
 
-def _context_tags(context: RunContext | None) -> dict[str, str]:
+def context_tags(context: RunContext | None) -> dict[str, str]:
     if context is None:
         return {}
     return {
