@@ -492,7 +492,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             at=self._clock.now(),
             reason="Cancelled" if cancelled else "Deleted",
             message=(
-                "cancelled by tuneloop (concurrency: replace)"
+                "cancelled by tuneloop (concurrency: replace, or a sweep stopped the trial)"
                 if cancelled
                 else "the TrainJob was deleted before it finished"
             ),
