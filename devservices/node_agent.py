@@ -22,6 +22,9 @@ There is no container engine on a developer's machine or in CI here, so the loca
   by every pod that mounts it), ConfigMap, Secret, downward API and projected volumes written
   as files, a projected ServiceAccount token fetched through the TokenRequest API with the
   audience and expiry the pod asks for;
+- gives each container a directory of its own on its working directory (the trainer image's
+  `/workspace`) unless a volume is mounted there, as an image's filesystem would
+  (`private_working_dir`): the host's `/workspace` is neither written nor shared;
 - puts those directories where the pod expects them (`/workspace`, `/var/run/secrets/...`):
   each container runs under `unshare --mount` in a mount namespace of its own, where the
   directories are bind-mounted on the container's paths and a hosts file that resolves the
@@ -304,6 +307,25 @@ class Mount:
     source: Path
     target: str
     directory: bool = True
+
+
+def private_working_dir(working_dir: str, volumes: Sequence[Mount], scratch: Path) -> Mount | None:
+    """*scratch* on the container's *working_dir*, as its image's filesystem gives every
+    container a directory of its own there (`WORKDIR /workspace`): without it the directory
+    would be the host's, shared by every pod, and what a trainer writes there (its output
+    before a publish to object storage) would outlive the pod and mix with other pods'.
+
+    None for `/`, and where a volume is mounted on *working_dir* or above it: that volume is
+    the directory then, as in a container.
+    """
+    target = PurePosixPath(working_dir)
+    if target == PurePosixPath("/"):
+        return None
+    for volume in volumes:
+        mounted = PurePosixPath(volume.target)
+        if mounted == target or mounted in target.parents:
+            return None
+    return Mount(scratch, working_dir)
 
 
 def mount_script(
@@ -737,11 +759,19 @@ class PodRunner:
                 if not source.exists():
                     source.mkdir(parents=True)
             own_mounts.append(Mount(source, mount["mountPath"], directory=source.is_dir()))
+        image_files = [
+            Mount(source, target, directory=source.is_dir())
+            for target, source in environment.files.items()
+        ]
+        # A restarted container gets a new one, as it gets a new writable layer.
+        scratch = self.directory / "rootfs" / f"{container.name}-{container.restart_count}"
+        workdir = private_working_dir(working_dir, own_mounts, scratch)
+        if workdir is not None:
+            scratch.mkdir(parents=True, exist_ok=True)
+            image_files.append(workdir)
         script = mount_script(
-            [
-                Mount(source, target, directory=source.is_dir())
-                for target, source in environment.files.items()
-            ],
+            # Parents before children: an image file below the working directory stays seen.
+            sorted(image_files, key=lambda m: PurePosixPath(m.target).parts),
             own_mounts,
             keep=environment.host_paths,
             hosts=hosts,

@@ -1,5 +1,6 @@
 """The node agent's pure parts: `$(VAR)` expansion, the downward API, image references,
-torchrun's master port per TrainJob, and the two images it maps."""
+torchrun's master port per TrainJob, a container's own working directory, and the two images
+it maps."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from devservices.node_agent import (
     JOBSET_RESTART_LABEL,
     JOBSET_UID_LABEL,
     MasterPorts,
+    Mount,
     expand,
     field_value,
     image_repository,
     orchestrator_image_environment,
+    private_working_dir,
     rendezvous_group,
     tuneloop_image_environment,
 )
@@ -183,3 +186,30 @@ def test_the_orchestrator_image_runs_the_tuneloop_command_as_its_dockerfile_says
     (entrypoint,) = [line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT")]
     assert entrypoint == 'ENTRYPOINT ["tuneloop"]'
     assert orchestrator_image_environment(Path(sys.executable)).entrypoint == ("tuneloop",)
+
+
+SCRATCH = Path("/agent/pods/ns_pod_uid/rootfs/node-0")
+
+
+def test_a_containers_working_directory_is_its_own_and_not_the_hosts() -> None:
+    assert private_working_dir("/workspace", [], SCRATCH) == Mount(SCRATCH, "/workspace")
+
+
+def test_a_volume_below_the_working_directory_leaves_it_the_containers_own() -> None:
+    below = [Mount(Path("/agent/volumes/out"), "/workspace/output")]
+    assert private_working_dir("/workspace", below, SCRATCH) == Mount(SCRATCH, "/workspace")
+
+
+@pytest.mark.parametrize("volume", ["/workspace", "/"], ids=["on-it", "above-it"])
+def test_a_volume_on_or_above_the_working_directory_is_that_directory(volume: str) -> None:
+    volumes = [Mount(Path("/agent/volumes/v"), volume)]
+    assert private_working_dir("/workspace", volumes, SCRATCH) is None
+
+
+def test_a_volume_whose_path_merely_starts_the_same_is_not_above_it() -> None:
+    volumes = [Mount(Path("/agent/volumes/v"), "/work")]
+    assert private_working_dir("/workspace", volumes, SCRATCH) == Mount(SCRATCH, "/workspace")
+
+
+def test_the_root_working_directory_is_never_covered() -> None:
+    assert private_working_dir("/", [], SCRATCH) is None
