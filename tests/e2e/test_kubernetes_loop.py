@@ -8,13 +8,18 @@ status server and the Trainer marks the TrainJob `Complete` or `Failed`. Nothing
 writes a TrainJob's status. The worker mounts no volume: the completion's metrics come from
 `status.trainerStatus`, and a failure's log tail from the pod's `terminated.message`.
 
-What the test reads as the cluster's user would: the TrainJob's status, the pods, and the
-adapters volume, which the node agent keeps under `<pods_dir>/claims/<namespace>/<claim>`.
+The trained job's dataset and adapter are on the real S3 server (s3proxy): the rule names
+`s3://` URIs, the pods get the store's endpoint and keys from a Secret
+(`storage_secret`, as `TUNELOOP_KUBERNETES_STORAGE_SECRET` sets it), rank 0 publishes the
+adapter there, manifest last, and the rule's `promote: {}` promotes it (there is no champion
+yet). What the test reads as the cluster's user would: the TrainJob's status, the pods, and
+the store, through pyarrow's S3 client rather than tuneloop's storage layer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,25 +33,30 @@ from kubernetes import client
 
 from devservices.control_plane import LocalControlPlane
 from devservices.kubernetes import TRAINER_API_VERSION, TRAINER_GROUP, new_api_client
+from devservices.object_storage import ObjectStorageEndpoint
 from handlers.app import build_worker
 from orchestrator.clock import SystemClock
 from orchestrator.events import CloudEvent
 from orchestrator.settings import KafkaSettings, Settings
+from runtimes.kubernetes import manifests
 from runtimes.kubernetes.backend import BackendSettings, KubernetesBackend
 from tests.e2e.harness import COMPLETED, read_topic, send_events, wait_for
+from tests.e2e.kubernetes_storage import ArrowStore, create_storage_secret
 
 pytestmark = [
     pytest.mark.kubernetes,
     pytest.mark.runs_pods,
     pytest.mark.kafka,
     pytest.mark.training,
+    pytest.mark.storage,
+    pytest.mark.slow,
     pytest.mark.timeout(600),  # includes starting the control plane and Kafka on a busy machine
 ]
 
 FAILED = "io.tuneloop.finetune.failed.v1"
-ADAPTERS_CLAIM = "tuneloop-adapters"
-"""The PVC the shipped runtime mounts at /var/lib/tuneloop/adapters (the worker does not)."""
-ADAPTERS_MOUNT = "/var/lib/tuneloop/adapters"
+WORKSPACE_OUTPUT = "/workspace/output"
+"""Where a trainer whose output is on object storage writes before it publishes
+(`runtimes.kubernetes.manifests.WORKSPACE_OUTPUT`, restated: `--output` names the job there)."""
 
 RULES = """
 runtimes: [tuneloop-lora]
@@ -60,10 +70,13 @@ rules:
       runtime: tuneloop-lora
       base_model: "{model}"
       dataset: "${{ event.data.uri }}"
+      output_uri: "{adapters}"
       training: {{max_steps: "${{ event.data.steps }}", batch_size: 4, max_seq_length: 64}}
       resources: {{nodes: "${{ event.data.nodes }}"}}
+      promote: {{}}
 """
-"""Every alarm launches at once; a second alarm for a model whose job runs replaces it."""
+"""Every alarm launches at once; a second alarm for a model whose job runs replaces it. The
+first adapter of a key is promoted (`promote: {}`: no champion yet)."""
 
 
 def drift(n: int, *, model: str, uri: str, steps: int, nodes: int) -> CloudEvent:
@@ -139,9 +152,6 @@ class Loop:
             ).items
         )
 
-    def adapters(self) -> Path:
-        return self.plane.pods_dir / "claims" / self.namespace / ADAPTERS_CLAIM
-
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     for found in (obj.get("status") or {}).get("conditions") or []:
@@ -152,7 +162,7 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 def processes_naming(text: str) -> list[int]:
     """Live processes whose command line mentions *text* (a job's name is in its trainer's
-    `--output` argument)."""
+    `--output` argument, `/workspace/output/<job>`)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -175,12 +185,18 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
     tmp_path: Path,
     tiny_model_dir: Path,
     reverse_dataset: Path,
+    object_storage: ObjectStorageEndpoint,
+    s3_prefix: str,
 ) -> None:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES.format(model=tiny_model_dir))
-    good = f"file://{reverse_dataset}"
+    store = ArrowStore(object_storage)
+    good = f"{s3_prefix}/datasets/reverse.jsonl"
+    store.put(good, reverse_dataset.read_bytes())
+    adapters = f"{s3_prefix}/adapters"
     missing = f"file://{tmp_path}/no-such-dataset.jsonl"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES.format(model=tiny_model_dir, adapters=adapters))
     loop = Loop(api, control_plane, namespace)
+    secret = create_storage_secret(api, namespace, object_storage)
     settings = Settings(
         kafka=KafkaSettings(
             bootstrap=kafka_bootstrap,
@@ -195,7 +211,11 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
     backend = KubernetesBackend.from_api_client(
         new_api_client(control_plane.kubeconfig),
         clock=SystemClock(),
-        settings=BackendSettings(namespace=namespace, watch_timeout=10),
+        settings=BackendSettings(
+            namespace=namespace,
+            watch_timeout=10,
+            manifests=manifests.Settings(storage_secret=secret),
+        ),
     )
     trained = drift(1, model="m-trained", uri=good, steps=3, nodes=2)
     broken = drift(2, model="m-broken", uri=missing, steps=3, nodes=1)
@@ -227,8 +247,8 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
         topic_replication_factor=1,
     )
     async with faust_app_running(worker.app, stop_timeout=30):
-        # One job at a time: the node agent's pods share the host's network, so two torchruns
-        # at once would both bind the rendezvous port (29500) and one would fail for that.
+        # One job at a time, so that each end is known to be that job's (the node agent gives
+        # each TrainJob a torchrun master port of its own: two at once would not collide).
         for n, event in enumerate((trained, broken), start=1):
             await send_events(kafka_bootstrap, topics["in"], [event])
 
@@ -251,7 +271,7 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
         old = loop.trainjob_of("m-replaced")
         assert old is not None
         old_name = old["metadata"]["name"]
-        assert processes_naming(f"{ADAPTERS_MOUNT}/{old_name}"), "its trainer runs"
+        assert processes_naming(f"{WORKSPACE_OUTPUT}/{old_name}"), "its trainer runs"
         await send_events(kafka_bootstrap, topics["in"], [replacing])
 
         async def all_ended() -> bool:
@@ -262,7 +282,8 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
         )
         await wait_for(
             lambda: (
-                not loop.pods_of(old_name) and not processes_naming(f"{ADAPTERS_MOUNT}/{old_name}")
+                not loop.pods_of(old_name)
+                and not processes_naming(f"{WORKSPACE_OUTPUT}/{old_name}")
             ),
             what="the replaced job's pods and processes to be gone",
             timeout=60,
@@ -278,7 +299,8 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
     by_key = {str(events[0].data["key"]): events[0] for events in by_job.values()}
     jobs = loop.trainjobs()
 
-    # (a) Two nodes trained one adapter; the Trainer said Complete; metrics from trainerStatus.
+    # (a) Two nodes trained one adapter from the store's dataset; the Trainer said Complete;
+    # metrics from trainerStatus.
     completed = by_key["m-trained"]
     assert completed.type == COMPLETED, completed.data
     trainjob = jobs[str(completed.data["job"])]
@@ -294,10 +316,29 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
     metrics = completed.data["metrics"]
     # Every metric came from there (the worker reads no file), as numbers.
     assert metrics == {name: pytest.approx(float(value)) for name, value in reported.items()}
+    # Rank 0 published it to <output_uri>/<job>/, manifest last; the event names that folder.
     adapter_uri = str(completed.data["adapter_uri"])
-    assert adapter_uri.startswith(f"file://{ADAPTERS_MOUNT}/"), adapter_uri
-    on_volume = loop.adapters() / adapter_uri.removeprefix(f"file://{ADAPTERS_MOUNT}/")
-    assert list(on_volume.rglob("adapter_model.safetensors")), sorted(on_volume.rglob("*"))
+    assert adapter_uri.rstrip("/") == f"{adapters}/{completed.data['job']}", adapter_uri
+    manifest = store.manifest(adapter_uri)
+    assert manifest is not None, f"no manifest at {adapter_uri}"
+    listed = {entry["path"]: entry for entry in manifest["files"]}
+    weights = listed["adapter/adapter_model.safetensors"]
+    stored = store.get(f"{adapter_uri.rstrip('/')}/adapter/adapter_model.safetensors")
+    assert stored is not None
+    assert (len(stored), hashlib.sha256(stored).hexdigest()) == (
+        weights["size"],
+        weights["sha256"],
+    )
+    # The first adapter of its key: no champion to beat, so it is promoted.
+    assert completed.data["promoted"] is True
+    assert completed.data["promotion"]["verdict"] == "no-champion"
+    # Rank 0 worked in its container's own /workspace (a directory of its pod's), not on this
+    # machine's, which no two pods share.
+    job = str(completed.data["job"])
+    pods = loop.plane.pods_dir / "pods"
+    written = list(pods.glob(f"{namespace}_{job}-*/rootfs/*/output/{job}/result.json"))
+    assert len(written) == 1, written
+    assert not (Path(WORKSPACE_OUTPUT) / job).exists()
 
     # (b) A bad dataset: the Trainer said Failed; the event has the reason and the log tail.
     broken_end = by_key["m-broken"]
