@@ -4,7 +4,8 @@ kube-controller-manager, the JobSet and Kubeflow Trainer controllers), helm for 
 tests, s3proxy (the S3 server of the storage tests), the MLflow tracking server's venv and
 vLLM's (the serving tests), once, into ~/.cache/tuneloop.
 
-With no name, all of them (`make services`); `make demo` needs only Kafka.
+With no name, all of them (`make services`); `make demo` needs all but kubernetes and helm
+(and not serving with `TUNELOOP_DEMO_MODEL=tiny`).
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ def run_demo(*, model: str, keep: bool, timeout: float = 900.0) -> int:
                     tracking_uri=services.tracking_uri,
                 )
             )
+            say(_topics_line(run))
             return asyncio.run(_drive(run, services, worker, deadline=deadline))
     except Exception:
         failed = True
@@ -111,6 +112,11 @@ def run_demo(*, model: str, keep: bool, timeout: float = 900.0) -> int:
             say(f"\nkept {root}" + (" (its logs are there)" if failed else ""))
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _topics_line(run: DemoRun) -> str:
+    topics = run.topics
+    return f"      in: {topics.events}; out: {topics.audit} (decisions), {topics.finetune} (jobs)"
 
 
 def _interrupt(signum: int, frame: object) -> None:
