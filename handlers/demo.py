@@ -59,7 +59,6 @@ from orchestrator.events import CloudEvent
 
 if TYPE_CHECKING:
     from devservices.object_storage import LocalObjectStorage
-    from devservices.processes import LocalServer
     from devservices.serving import LocalVllmServer
 
 __all__ = ["DemoError", "run_demo"]
@@ -157,10 +156,10 @@ def _start_services(run: DemoRun, stack: contextlib.ExitStack, *, deadline: floa
     from devservices import kafka, mlflow_server, object_storage, serving
 
     step(1, "services: Kafka, an S3 server, MLflow and vLLM, each on 127.0.0.1")
+    # All four start at once, each in a thread of its own (`Starting`); vLLM first, since it
+    # takes from 30 s to minutes on two cores, and the demo waits for it only at step 7.
     vllm: Starting[LocalVllmServer] | None = None
     if run.serves:
-        # First, and in the background: vLLM takes from 30 s to minutes to start on two
-        # cores, and is needed only once the adapter is trained (step 7).
         server = _prepared(
             "vLLM (the serving runtime)",
             lambda: serving.LocalVllmServer(
@@ -169,7 +168,7 @@ def _start_services(run: DemoRun, stack: contextlib.ExitStack, *, deadline: floa
                 work_dir=run.root / "vllm",
             ),
         )
-        vllm = stack.enter_context(Starting("vLLM", server, log=server.log_path))
+        vllm = stack.enter_context(Starting("vLLM", server, abort=server.stop))
         say(f"      vLLM     starting in the background (log: {_shown(run, server.log_path)})")
     mlflow = _prepared(
         "the MLflow server",
@@ -177,20 +176,21 @@ def _start_services(run: DemoRun, stack: contextlib.ExitStack, *, deadline: floa
             python=mlflow_server.prepare_mlflow(), work_dir=run.root / "mlflow"
         ),
     )
-    tracking = stack.enter_context(Starting("the MLflow server", mlflow, log=mlflow.log_path))
-    started = time.monotonic()
-    broker = enter_service(
-        stack, "the Kafka broker", lambda: kafka.kafka_for_tests(run.root / "kafka")
-    )
-    say(f"      Kafka    ready at {broker.bootstrap} in {time.monotonic() - started:.1f} s")
-    create_topics(broker.bootstrap, run.topics)
+    tracking = stack.enter_context(Starting("the MLflow server", mlflow, abort=mlflow.stop))
     s3 = _prepared(
         "the S3 server (s3proxy)",
         lambda: object_storage.LocalObjectStorage(
             jar=object_storage.prepare_s3proxy(), work_dir=run.root / "s3"
         ),
     )
-    enter_service(stack, "the S3 server (s3proxy)", lambda: s3)
+    storage = stack.enter_context(Starting("the S3 server (s3proxy)", s3, abort=s3.stop))
+    started = time.monotonic()
+    broker = stack.enter_context(
+        Starting("the Kafka broker", kafka.kafka_for_tests(run.root / "kafka"))
+    ).wait(deadline)
+    say(f"      Kafka    ready at {broker.bootstrap} in {time.monotonic() - started:.1f} s")
+    create_topics(broker.bootstrap, run.topics)
+    storage.wait(deadline)
     say(f"      S3       ready at {s3.endpoint_url} in {s3.last_start_seconds:.1f} s (s3proxy)")
     tracking.wait(deadline)
     say(f"      MLflow   ready at {mlflow.tracking_uri} in {mlflow.last_start_seconds:.1f} s")
@@ -213,37 +213,44 @@ def _prepared(what: str, make: Callable[[], T]) -> T:
         raise DemoError(f"{what} cannot be prepared here: {exc}") from exc
 
 
-def enter_service(
-    stack: contextlib.ExitStack, what: str, make: Callable[[], AbstractContextManager[T]]
-) -> T:
-    """Start a service into *stack*; a failure to start is a `DemoError` naming the service,
-    whose message carries the log's path and tail (`devservices/processes.py`)."""
-    try:
-        return stack.enter_context(make())
-    except (ConfigError, RuntimeError) as exc:
-        raise DemoError(f"{what} did not start: {exc}") from exc
+class Starting(Generic[T]):
+    """A service starting in a thread of its own while the demo goes on; stopped on exit.
 
+    Every service of the demo starts this way, even one it waits for at once: Ctrl-C and
+    SIGTERM interrupt only the main thread, so they never land inside the start of a server
+    process, between its fork and the moment `subprocess.Popen` returns its id; a process
+    interrupted there would run on, known to no one.
 
-S = TypeVar("S", bound="LocalServer")
+    Args:
+        what: names the service in errors ("the S3 server (s3proxy)").
+        service: entered in the thread (a `LocalServer` starts), exited on the way out.
+        abort: makes a start still in progress end at once (a `LocalServer`'s `stop`), so
+            that leaving the demo does not wait for vLLM to finish starting.
+    """
 
-
-class Starting(Generic[S]):
-    """A server starting in a thread of its own while the demo goes on; stopped on exit."""
-
-    def __init__(self, what: str, server: S, *, log: Path) -> None:
+    def __init__(
+        self,
+        what: str,
+        service: AbstractContextManager[T],
+        *,
+        abort: Callable[[], None] | None = None,
+    ) -> None:
         self.what = what
-        self.server = server
-        self.log = log
+        self._service = service
+        self._abort = abort
+        self._value: T | None = None
+        self._entered = False
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._start, name=f"start {what}", daemon=True)
 
     def _start(self) -> None:
         try:
-            self.server.start()
+            self._value = self._service.__enter__()
+            self._entered = True
         except BaseException as exc:  # reported by wait(), in the demo's own thread
             self._failure = exc
 
-    def __enter__(self) -> Starting[S]:
+    def __enter__(self) -> Starting[T]:
         self._thread.start()
         return self
 
@@ -253,29 +260,32 @@ class Starting(Generic[S]):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        # Stopping a server that is still starting makes its start fail at once; the second
-        # stop covers a start that launched the process after the first.
-        self.server.stop()
-        self._thread.join(timeout=30)
-        self.server.stop()
+        while self._thread.is_alive():
+            if self._abort is not None:
+                self._abort()  # again each second: a start may launch its process after one
+            self._thread.join(timeout=1.0)
+        if self._entered:
+            self._service.__exit__(None, None, None)
 
     @property
     def done(self) -> bool:
         """Whether the start is over, for better or worse."""
         return not self._thread.is_alive()
 
-    def wait(self, deadline: float) -> S:
-        """Return the server once it serves.
+    def wait(self, deadline: float) -> T:
+        """The service, once it serves.
 
         Raises:
-            DemoError: it failed to start (the message has its log), or the demo's time ran out.
+            DemoError: it failed to start (the message carries its log's path and last lines,
+                `devservices/processes.py`), or the demo's time ran out.
         """
         self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
-            raise DemoError(f"timed out waiting for {self.what} to start (its log: {self.log})")
+            raise DemoError(f"timed out waiting for {self.what} to start")
         if self._failure is not None:
             raise DemoError(f"{self.what} did not start: {self._failure}") from self._failure
-        return self.server
+        assert self._value is not None, "a start that neither failed nor returned"
+        return self._value
 
 
 # --- step 2: the data -----------------------------------------------------------------------

@@ -14,7 +14,6 @@ list the adapter under, and the hand-off's events.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import time
 import uuid
@@ -24,7 +23,7 @@ import pytest
 
 from devservices.object_storage import LocalObjectStorage
 from devservices.serving import LocalVllmServer
-from handlers.demo import enter_service
+from handlers.demo import Starting
 from handlers.demo_run import BUCKET, MODEL_ID, PROMPT, DemoError, DemoRun, DemoTopics
 from handlers.demo_serving import ServingRuntime, serve_and_ask
 from handlers.demo_stream import demo_stream
@@ -163,8 +162,9 @@ def test_a_service_that_does_not_start_is_named_with_its_log(tmp_path: Path) -> 
     missing_jar = tmp_path / "no-such-s3proxy.jar"
     server = LocalObjectStorage(jar=missing_jar, work_dir=tmp_path / "s3", start_timeout=60)
 
-    with contextlib.ExitStack() as stack, pytest.raises(DemoError) as failure:
-        enter_service(stack, "the S3 server (s3proxy)", lambda: server)
+    starting = Starting("the S3 server (s3proxy)", server, abort=server.stop)
+    with starting, pytest.raises(DemoError) as failure:
+        starting.wait(time.monotonic() + 60)
 
     message = str(failure.value)
     assert message.startswith("the S3 server (s3proxy) did not start: ")
