@@ -15,7 +15,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,16 +119,35 @@ def _tuneloop(
     what: str, arguments: list[str], *, env: Mapping[str, str], cwd: Path, log: Path
 ) -> Iterator[DemoProcess]:
     with log.open("wb") as out:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "handlers.cli.main", *arguments],
-            cwd=cwd,
-            env={**os.environ, **env},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        popen = _spawned(
+            lambda: subprocess.Popen(
+                [sys.executable, "-m", "handlers.cli.main", *arguments],
+                cwd=cwd,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         )
     yield DemoProcess(what, popen, log)
+
+
+def _spawned(start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """*start()* in a thread of its own, as the demo starts its services (`demo.Starting`):
+    Ctrl-C and SIGTERM interrupt only the main thread, so never `Popen` between the fork and
+    the moment it returns the process, which would then run on, known to no one. A process
+    started while the main thread was interrupted is stopped before the interrupt goes on."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-spawn")
+    future = pool.submit(start)
+    try:
+        return future.result()
+    except BaseException:
+        with contextlib.suppress(Exception):  # Popen's own failure: nothing runs
+            _stop(future.result())
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _stop(process: subprocess.Popen[bytes], *, grace: float = 20.0) -> None:
