@@ -70,7 +70,7 @@ from orchestrator.ports import (
     RemovesFinishedJobs,
     TrainingBackend,
 )
-from orchestrator.rules import engine, loading
+from orchestrator.rules import engine, loading, state_encoding
 from orchestrator.rules.engine import KeyState, RuleSet
 from orchestrator.service import Orchestrator
 from orchestrator.settings import BackendKind, KafkaSettings, Settings
@@ -91,7 +91,10 @@ CHAMPIONS_TABLE = "tuneloop-champions"
 
 
 class TableKeyStates:
-    """`KeyStateStore` on a faust Table: key → `KeyState.to_json()`.
+    """`KeyStateStore` on a faust Table: key → the state's compact bytes
+    (`orchestrator/rules/state_encoding.py`), which are also what its changelog carries (the
+    Table's values are bytes, so faust writes them as they are). A value an earlier version
+    wrote (`KeyState.to_json()` through faust's json codec) still loads.
 
     It also keeps, in memory, when each key's timers are next due, so that the ticker looks
     at the keys with timers instead of decoding every key's state every second (which cost
@@ -119,10 +122,10 @@ class TableKeyStates:
         remembered = self._remembered.get(key)
         if remembered is not None and remembered[0] is raw:
             return remembered[1]
-        return KeyState.from_json(raw)
+        return state_encoding.decode(raw)
 
     def save(self, key: str, state: KeyState) -> None:
-        raw = state.to_json()
+        raw = state_encoding.encode(state)
         self._table[key] = raw
         # Re-inserted at the end, so the oldest saved key is the one forgotten first.
         self._remembered.pop(key, None)
@@ -137,7 +140,7 @@ class TableKeyStates:
 
     def items(self) -> list[tuple[str, KeyState]]:
         """Every key this worker owns now (the Table holds only assigned partitions)."""
-        return [(key, KeyState.from_json(raw)) for key, raw in list(self._table.items()) if raw]
+        return [(key, state_encoding.decode(raw)) for key, raw in list(self._table.items()) if raw]
 
     def forget_wakeups(self) -> None:
         """The Table's partitions changed (a rebalance): rebuild the index when next asked."""
@@ -310,7 +313,10 @@ def build_worker(
     app = new_app(kafka, **faust_options)
     publisher = FaustTopicPublisher(app, kafka)
     partitions = kafka.internal_partitions
-    states = TableKeyStates(app.Table(RULE_STATE_TABLE, default=None, partitions=partitions))
+    states = TableKeyStates(
+        # bytes: faust's raw codec, so the changelog carries the encoded state as it is
+        app.Table(RULE_STATE_TABLE, default=None, partitions=partitions, value_type=bytes)
+    )
     completions = TableCompletions(app.Table(JOBS_TABLE, default=None, partitions=partitions))
     if champions is None and settings.mlflow.tracking_uri is not None:
         champions = mlflow_champions(settings)

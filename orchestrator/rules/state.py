@@ -1,12 +1,14 @@
 """The rule engine's memory for one key, as JSON-safe frozen values.
 
 The engine (`engine.py` and the modules beside it) is the only writer; the wiring stores
-`KeyState.to_json()` in a faust Table (changelog-backed, partitioned by key) and hands
-`KeyState.from_json()` back on the next event, so state survives restarts and rebalances.
+each key's state in a faust Table (changelog-backed, partitioned by key) in the compact form
+`state_encoding.py` writes, and hands it back decoded on the next event, so state survives
+restarts and rebalances.
 Everything in here is bounded: window entries and joins expire with their window, dedup ids
 once they fall behind the event-time horizon, launch times after a day.
 
-The JSON form is `STATE_FORMAT` 1; states written by earlier versions load unchanged
+The readable JSON form (`to_json`) is `STATE_FORMAT` 1, which the worker stored before
+`state_encoding.py`'s format 2; states written by earlier versions load unchanged
 (`tests/unit/rules/test_state_format.py` keeps one).
 """
 

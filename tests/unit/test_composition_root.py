@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faust.serializers import codecs
 
 from handlers.app import build_worker, make_backend
 from orchestrator.clock import FixedClock
 from orchestrator.errors import ConfigError
+from orchestrator.rules import state_encoding
+from orchestrator.rules.state import KeyState
 from orchestrator.settings import BackendKind, KafkaSettings, Settings, WorkerSettings
 from orchestrator.testing import InMemoryBackend
 from runtimes.localprocess.backend import LocalProcessBackend
@@ -88,3 +91,30 @@ def test_the_kubernetes_backend_outside_a_pod_without_a_kubeconfig_refuses_to_st
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="TUNELOOP_KUBECONFIG"):
         make_backend(settings(backend=BackendKind.KUBERNETES), clock=FixedClock(at(0)))
+
+
+def test_the_rule_state_changelog_carries_each_key_s_encoded_state_as_it_is(
+    rules: Path,
+) -> None:
+    clock = FixedClock(at(0))
+    worker = build_worker(settings(rules=(rules,)), backend=InMemoryBackend(clock), clock=clock)
+    table = worker.app.tables["tuneloop-rule-state"]
+    encoded = b'[2,1772352000000000,{"drift-retrain":[[["d1","/monitors/eval",1772352000000000]]]}]'
+
+    payload, _ = table.changelog_topic.prepare_value(encoded, table.value_serializer)
+
+    assert payload == encoded
+
+
+def test_a_rule_state_an_earlier_worker_wrote_on_the_changelog_still_loads(rules: Path) -> None:
+    clock = FixedClock(at(0))
+    worker = build_worker(settings(rules=(rules,)), backend=InMemoryBackend(clock), clock=clock)
+    table = worker.app.tables["tuneloop-rule-state"]
+    # What the worker wrote before format 2: `KeyState.to_json()` through faust's json codec.
+    written = codecs.dumps("json", {"format": 1, "horizon": "2026-03-01T08:00:00Z"})
+
+    value = worker.app.serializers.loads_value(
+        table.changelog_topic.value_type, written, serializer=table.value_serializer
+    )
+
+    assert state_encoding.decode(value) == KeyState(horizon=at(0))
