@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
+from faust.tables import TableManager
+
+from handlers.faust_app import PromptTableManager, new_app
 from handlers.seek_safe_consumer import FAUST_RELEASE
+from orchestrator.settings import KafkaSettings
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -30,3 +35,16 @@ def test_pyproject_pins_faust_to_exactly_that_release() -> None:
     dependencies = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["dependencies"]
     (faust,) = [d for d in dependencies if re.match(r"faust-streaming\b", d)]
     assert faust == "faust-streaming==0.15.3"
+
+
+def test_faust_s_table_manager_still_starts_as_the_prompt_one_copies_it() -> None:
+    """`PromptTableManager.on_start` is faust's own without its one-second sleep: another
+    release may start its tables differently, and the copy must then be read again."""
+    body = [line.strip() for line in inspect.getsource(TableManager.on_start).splitlines()[2:]]
+    assert [line for line in body if line] == [
+        "await self.sleep(1.0)",
+        "if not self.should_stop:",
+        "await self._update_channels()",
+        "await self.recovery.start()",
+    ]
+    assert new_app(KafkaSettings(group_id="release-test")).conf.TableManager is PromptTableManager
