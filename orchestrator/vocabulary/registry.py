@@ -14,6 +14,7 @@ fails leaves the running one untouched.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from importlib import resources
@@ -72,7 +73,13 @@ class SchemaRegistry:
 
     @classmethod
     def builtin(cls) -> SchemaRegistry:
-        """The registry of tuneloop's own vocabulary (`io.tuneloop.*`)."""
+        """The registry of tuneloop's own vocabulary (`io.tuneloop.*`): one per process,
+        shared (a registry never changes), since checking and compiling its schemas costs a
+        worker's start some 50 ms each time."""
+        return _builtin()
+
+    @classmethod
+    def _read_builtin(cls) -> SchemaRegistry:
         schemas: dict[str, Mapping[str, Any]] = {}
         folder = resources.files("orchestrator.vocabulary.schemas")
         for entry in sorted(folder.iterdir(), key=lambda item: item.name):
@@ -163,6 +170,11 @@ class SchemaRegistry:
                 Rejection.DATA_SCHEMA_MISMATCH,
                 f"type {event.type!r} at {where}: {_shorten(error.message)}",
             )
+
+
+@functools.cache
+def _builtin() -> SchemaRegistry:
+    return SchemaRegistry._read_builtin()
 
 
 def _validator(event_type: str, schema: Mapping[str, Any]) -> Validator:
