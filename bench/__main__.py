@@ -1,7 +1,8 @@
 """`make bench`: run every benchmark in one go, print one table, write docs/performance.md.
 
 Each area's module (`bench/engine.py`, `bench/intake.py`, ...) exposes
-`run(*, quick: bool) -> list[dict[str, object]]`. Rows put a measurement next to a baseline
+`run(*, quick: bool) -> list[dict[str, object]] | report.Results` (rows, or rows and sections
+of text for the page, such as the worker's profile). Rows put a measurement next to a baseline
 measured in the same run on the same machine, so the ratio is what to read; absolute numbers
 are context. A module that fails is reported as a failed row, and the others still run.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from bench import report
 
-AREAS = ("engine", "intake", "launch", "trainer", "endtoend", "footprint")
+AREAS = ("engine", "intake", "worker", "launch", "trainer", "endtoend", "footprint")
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 
 
@@ -65,6 +66,8 @@ def main(argv: list[str]) -> int:
     areas = [a for a in args.only.split(",") if a] or list(AREAS)
 
     rows: list[dict[str, object]] = []
+    sections: list[report.Section] = []
+    timings: list[str] = []
     failed = 0
     for area in areas:
         started = time.monotonic()
@@ -77,16 +80,26 @@ def main(argv: list[str]) -> int:
                 continue
             raise
         try:
-            rows.extend(module.run(quick=args.quick))
+            result = module.run(quick=args.quick)
+            if isinstance(result, report.Results):
+                rows.extend(result.rows)
+                sections.extend(result.sections)
+            else:
+                rows.extend(result)
         except Exception as exc:  # one broken benchmark must not hide the others
             failed += 1
             traceback.print_exc()
             rows.append({"benchmark": area, "measure": "FAILED", "notes": repr(exc)[:200]})
-        print(f"bench: {area} done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        timings.append(f"{area} {time.monotonic() - started:.0f} s")
+        print(f"bench: {area} done in {timings[-1].split(' ', 1)[1]}", file=sys.stderr)
 
     table, unreadable = report.table(rows)
     failed += unreadable
+    summary = report.met_summary(rows)
     print(table)
+    print(summary)
+    for section in sections:
+        print(f"\n## {section.title}\n\n{section.body}")
     if not args.no_write:
         date = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC{' (quick mode)' if args.quick else ''}"
         REPORT.write_text(
@@ -95,6 +108,9 @@ def main(argv: list[str]) -> int:
                 date=date,
                 machine=_machine(),
                 versions=_versions(),
+                timings=", ".join(timings),
+                summary=summary,
+                sections=sections,
             )
         )
         print(f"bench: wrote {REPORT}", file=sys.stderr)

@@ -103,3 +103,30 @@ def test_the_page_carries_the_table_and_explains_met():
     assert written.startswith("# Performance\n")
     assert "| goal | met | notes |" in written
     assert "`met` says whether a row met its goal" in written
+
+
+def test_the_summary_counts_met_goals_and_names_the_missed_ones():
+    rows = [
+        {**_row(">= 1x", ratio=2.0), "measure": "fast"},
+        {**_row(">= 1x", ratio=0.5), "measure": "slow"},
+        {**_row("context: the share"), "measure": "share"},
+    ]
+    assert report.met_summary(rows) == "Goals met: 1 of 2. Not met: b: slow."
+
+
+def test_the_page_carries_the_sections_under_the_table_and_the_time_per_area():
+    text, _ = report.table([_row(">= 1x", ratio=2.0)])
+    written = report.page(
+        text,
+        date="d",
+        machine="m",
+        versions="v",
+        timings="worker 50 s",
+        summary="Goals met: 1 of 1.",
+        sections=[report.Section("Profile: the worker under load", "| # | function |\n")],
+    )
+    assert "- time per area: worker 50 s\n" in written
+    table_at = written.index("| goal | met | notes |")
+    summary_at = written.index("Goals met: 1 of 1.")
+    section_at = written.index("## Profile: the worker under load\n\n| # | function |")
+    assert table_at < summary_at < section_at
