@@ -8,15 +8,23 @@ Rows (each a ratio to a baseline measured in the same run on the same machine):
   from process start to ready, and the process's RSS at that moment. The Kafka broker is the
   local one (`devservices`, or `TUNELOOP_KAFKA_BOOTSTRAP`), started before timing.
 - memory per tracked key: 100k keys, each with the state one counted event leaves (a window
-  of one entry), kept as the worker keeps them (`KeyState.to_json()` values in a dict, which
-  is what faust's in-memory Table holds), against a bare dict of the same keys. Both the RSS
-  growth of a fresh process per byte of key and the serialized (JSON) size of one state.
+  of one entry), kept as the worker keeps them: `handlers.app.TableKeyStates` (the worker's
+  store of rule state: the encoded state per key, its timer index and its cache of recently
+  saved states) over a dict, which is what faust's in-memory Table holds, against a bare dict
+  of the same keys. The RSS growth of a fresh process per key.
+- changelog bytes per key: what the rule state's changelog topic really carries per key. A
+  `tuneloop run` worker (`bench/worker_process.py`) counts one event for each of 2,000 keys
+  spread over the 100k (same names, same length), is stopped, and the changelog topic of its
+  rule state table is read back: key + value bytes of each key's last record, averaged.
+  Baseline: the key alone.
 
-Each side runs in its own fresh process so that allocator reuse does not flatter either.
+Goals (issue 17): cold start <= 1.5 s, RSS at ready <= 100 MiB, RSS growth <= 800 B and
+changelog bytes <= 200 B per key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -26,9 +34,13 @@ import time
 import uuid
 from pathlib import Path
 
+from bench import events, topics, worker_process
+
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = 100_000
 QUICK_KEYS = 20_000
+CHANGELOG_SAMPLE = 2_000
+QUICK_CHANGELOG_SAMPLE = 500
 
 _READY_SCRIPT = """
 import asyncio, sys, time
@@ -110,23 +122,24 @@ events = [
                data={"model_id": key, "metric": "psi", "value": 0.3, "threshold": 0.2})
     for i, key in enumerate(keys)
 ]
+from handlers.app import TableKeyStates
 # warm the code paths and caches before the first reading
-engine.evaluate(rules, None, events[0], key=keys[0], now=start)
+warm, _ = engine.evaluate(rules, None, events[0], key=keys[0], now=start)
+TableKeyStates({}).save(keys[0], warm)
 gc.collect()
 before = rss_kib()
 table = {}
-size = 0
 if mode == "bare":
     for key in keys:
         table[key] = None
 else:
+    store = TableKeyStates(table)  # the worker's store, over what faust's memory Table holds
     for key, event in zip(keys, events):
         state, _ = engine.evaluate(rules, None, event, key=key, now=event.time)
-        table[key] = state.to_json()
-    size = sum(len(json.dumps(table[k], separators=(",", ":"))) for k in keys[:1000]) / 1000
+        store.save(key, state)
 gc.collect()
 after = rss_kib()
-print("RESULT", json.dumps({"growth_kib": after - before, "json_bytes": size}), flush=True)
+print("RESULT", json.dumps({"growth_kib": after - before}), flush=True)
 """
 
 
@@ -171,6 +184,47 @@ def _keys(mode: str, count: int) -> dict[str, float]:
     return result
 
 
+async def _changelog_bytes(
+    bootstrap: str, workdir: Path, sample: int, keys: int
+) -> tuple[float, float]:
+    """Key + value bytes, and key bytes, of the last changelog record of each of *sample* keys
+    of the rule state table (means), after a `tuneloop run` worker counted one event for
+    each."""
+    from handlers.app import RULE_STATE_TABLE
+
+    tag = uuid.uuid4().hex[:6]
+    names = worker_process.Topics(
+        events=f"fp-cl-in-{tag}",
+        out=f"fp-cl-out-{tag}",
+        audit=f"fp-cl-audit-{tag}",
+        dlq=f"fp-cl-dlq-{tag}",
+    )
+    await asyncio.to_thread(
+        topics.create, bootstrap, {names.events: 1, names.out: 1, names.audit: 1, names.dlq: 1}
+    )
+    rules = workdir / f"rules-{tag}.yaml"
+    rules.write_text(_RULES)
+    group = f"fp-cl-{tag}"
+    step = max(1, keys // sample)
+    models = [f"model-{index * step:07d}" for index in range(sample)]
+    arguments = ["--rules", str(rules), "--backend", "local", "--local-root", str(workdir / tag)]
+    env = worker_process.environment(bootstrap=bootstrap, topics=names, group=group)
+    async with topics.Counter(bootstrap, names.audit) as audit:
+        with worker_process.running(arguments, env=env, log=workdir / f"worker-{tag}.log"):
+            await topics.produce(
+                bootstrap, names.events, events.drift_records(tag, models, keyed=True)
+            )
+            done = await topics.watch(audit, cpu=lambda: 0.0, until=sample, timeout=300)
+    if done[-1].done < sample:
+        raise RuntimeError(f"the worker counted {done[-1].done} of {sample} events")
+    changelog = f"{group}-{RULE_STATE_TABLE}-changelog"
+    last = {r.key: r for r in await topics.read_all(bootstrap, changelog)}
+    if len(last) != sample:
+        raise RuntimeError(f"{changelog} holds {len(last)} keys, {sample} were counted")
+    key_bytes = sum(len(r.key or b"") for r in last.values()) / len(last)
+    return key_bytes + sum(len(r.value or b"") for r in last.values()) / len(last), key_bytes
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
@@ -202,8 +256,13 @@ def run(*, quick: bool) -> list[dict[str, object]]:
                 starts.append(seconds)
                 rss.append(kib)
             print(f"bench: footprint cold start {attempt}: {seconds:.2f} s", file=sys.stderr)
+        keys = QUICK_KEYS if quick else KEYS
+        sample = QUICK_CHANGELOG_SAMPLE if quick else CHANGELOG_SAMPLE
+        changelog_bytes, key_bytes = asyncio.run(
+            _changelog_bytes(kafka.bootstrap, Path(workdir), sample, keys)
+        )
+        print(f"bench: footprint changelog done ({changelog_bytes:.0f} B)", file=sys.stderr)
         source = kafka.kind.value
-    keys = QUICK_KEYS if quick else KEYS
     bare_keys = _keys("bare", keys)
     state_keys = _keys("keystate", keys)
     print("bench: footprint keys done", file=sys.stderr)
@@ -220,7 +279,7 @@ def run(*, quick: bool) -> list[dict[str, object]]:
             "unit": "s",
             "baseline": bare_start_s,
             "ratio": start_s / bare_start_s,
-            "goal": "",
+            "goal": "<= 1.5 s",
             "notes": f"ready = partitions assigned + tables recovered, {source} Kafka; baseline "
             f'`python -c "import faust"`; {runs}',
         },
@@ -231,7 +290,7 @@ def run(*, quick: bool) -> list[dict[str, object]]:
             "unit": "MiB",
             "baseline": bare_rss_mib,
             "ratio": rss_mib / bare_rss_mib,
-            "goal": "",
+            "goal": "<= 100 MiB",
             "notes": f"baseline: RSS after `import faust`; {runs}",
         },
         {
@@ -241,20 +300,23 @@ def run(*, quick: bool) -> list[dict[str, object]]:
             "unit": "bytes/key",
             "baseline": bare_per_key,
             "ratio": per_key / bare_per_key,
-            "goal": "",
-            "notes": "KeyState.to_json() after one counted event (6h window, count 3, cooldown) "
-            "in a dict, as the in-memory Table holds it; baseline: a dict of the same keys",
+            "goal": "<= 800 bytes/key",
+            "notes": "TableKeyStates (the worker's store: encoded state, timer index, recent "
+            "states) over a dict, as faust's in-memory Table holds it, each key after one "
+            "counted event (6h window, count 3, cooldown); baseline: a dict of the same keys",
         },
         {
             "benchmark": "footprint",
-            "measure": "serialized KeyState per key",
-            "value": state_keys["json_bytes"],
+            "measure": "rule state changelog bytes per key",
+            "value": changelog_bytes,
             "unit": "bytes/key",
-            "baseline": bare_per_key,
-            "ratio": state_keys["json_bytes"] / bare_per_key,
-            "goal": "",
-            "notes": "compact JSON of one key's state (what the changelog carries per key); "
-            "baseline: the bare dict's RSS growth per key",
+            "baseline": key_bytes,
+            "ratio": changelog_bytes / key_bytes,
+            "goal": "<= 200 bytes/key",
+            "notes": f"key + value of each key's last record on the rule state table's "
+            f"changelog topic, after a `tuneloop run` worker counted one event for each of "
+            f"{sample:,} keys named as the {keys // 1000}k above; baseline: the key alone, as "
+            "the changelog carries it",
         },
     ]
 

@@ -151,10 +151,13 @@ async def read_all(bootstrap: str, topic: str) -> list[Any]:
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         records: list[Any] = []
-        while any(await consumer.position(p) < ends[p] for p in partitions):
-            batches = await consumer.getmany(timeout_ms=1000)
-            for batch in batches.values():
+        remaining = {p for p in partitions if ends[p] > 0}
+        while remaining:
+            batches = await consumer.getmany(*remaining, timeout_ms=1000)
+            for partition, batch in batches.items():
                 records.extend(batch)
+                if batch[-1].offset + 1 >= ends[partition]:
+                    remaining.discard(partition)
         return records
     finally:
         await consumer.stop()
