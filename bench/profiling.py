@@ -4,15 +4,16 @@
 the worker's code is not touched, and `--nonblocking` never pauses it) until the block ends,
 writing py-spy's raw format: one line per distinct stack, `frame;frame;...;leaf COUNT`, each
 frame `function (file:line)`; with `--function` the line is the function's first, so one
-function is one frame whatever line was running. Idle threads (waiting on a socket or in
-`epoll`) are left out by py-spy, so the samples are CPU time.
+function is one frame whatever line was running. py-spy leaves out the samples of threads
+it sees idle (blocked in a system call), so the samples are close to CPU time.
 
 `summarize` sums the stacks per function: *own* samples are those where the function was
-the leaf (running its own code), *cumulative* those where it was anywhere on the stack below
-the event loop (counted once per stack, however often it recurses). The frames down to the
-loop's callback dispatch (`Handle._run`: `run_forever`, the CLI, `faust.Worker`) are on
-every stack and say nothing, so cumulative counts start at the callback the loop ran. `markdown`
-writes the top of both as tables for docs/performance.md.
+the leaf (running its own code); *cumulative* those where it was anywhere on the stack below
+the event loop's callback dispatch (counted once per stack, however often it recurses). The
+frames down to that dispatch (`Handle._run`: `run_forever`, the CLI, `faust.Worker`) are on
+every stack and say nothing, so cumulative counts start at the callback the loop ran.
+`by_component` sums own samples per package (faust, aiokafka, asyncio, tuneloop's `handlers`
+and `orchestrator`...). `markdown` writes the three as tables for docs/performance.md.
 """
 
 from __future__ import annotations
@@ -106,6 +107,26 @@ def summarize(raw: str, *, root: Path = ROOT) -> Profile:
     return Profile(samples=samples, own=own, cumulative=cumulative)
 
 
+def component(function: Function) -> str:
+    """The package or module *function* belongs to: `faust`, `aiokafka`, `asyncio`,
+    `handlers`, `json`, ...; `(native code)` for a frame without a file, `(interpreter)` for
+    frozen modules and generated code (`<string>`, `<frozen runpy>`)."""
+    if not function.file:
+        return "(native code)"
+    if function.file.startswith("<"):
+        return "(interpreter)"
+    first = function.file.split("/", 1)[0]
+    return first.removesuffix(".py")
+
+
+def by_component(profile: Profile) -> Counter[str]:
+    """Own samples summed per `component`: which library the CPU time is spent in."""
+    shares: Counter[str] = Counter()
+    for function, count in profile.own.items():
+        shares[component(function)] += count
+    return shares
+
+
 def _share(count: int, total: int) -> str:
     return f"{100 * count / total:.1f} %" if total else "-"
 
@@ -116,8 +137,18 @@ def markdown(profile: Profile, *, top: int = 15) -> str:
         return "py-spy recorded no samples.\n"
     total = profile.samples
     lines = [
-        f"Top {top} functions by own time (the function's own code was running), of "
-        f"{total:,} samples:",
+        f"Own time by package or module, of {total:,} samples:",
+        "",
+        "| package | own |",
+        "| --- | --- |",
+    ]
+    lines += [
+        f"| {name} | {_share(count, total)} |"
+        for name, count in by_component(profile).most_common(top)
+    ]
+    lines += [
+        "",
+        f"Top {top} functions by own time (the function's own code was running):",
         "",
         "| # | function | where | own | cumulative |",
         "| --- | --- | --- | --- | --- |",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.profiling import Function, markdown, short_path, summarize
+from bench.profiling import Function, by_component, markdown, short_path, summarize
 
 ROOT = Path("/work/repo")
 SITE = "/work/repo/.venv/lib/python3.11/site-packages"
@@ -95,3 +95,20 @@ def test_the_tables_rank_by_own_then_by_cumulative_share():
 
 def test_no_samples_says_so():
     assert "no samples" in markdown(summarize("", root=ROOT))
+
+
+def test_own_time_is_summed_per_package_or_module():
+    profile = summarize(RAW + " (:0) 1\n<module> (<string>:1) 1\n", root=ROOT)
+    assert by_component(profile) == {
+        "handlers": 5,
+        "mode": 3,
+        "orchestrator": 2,
+        "(native code)": 1,
+        "(interpreter)": 1,
+    }
+
+
+def test_the_page_shows_the_packages_first():
+    text = markdown(summarize(RAW, root=ROOT), top=2)
+    assert text.index("| handlers | 50.0 % |") < text.index("| mode | 30.0 % |")
+    assert text.index("| mode | 30.0 % |") < text.index("functions by own time")
