@@ -48,7 +48,9 @@ FORMAT = 2
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-_SEPARATORS = (",", ":")
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""Compact JSON, ASCII-escaped: an event decoded from JSON may hold a lone surrogate, which
+UTF-8 cannot carry; an escape costs bytes only for the rare non-ASCII text."""
 
 
 def encode(state: KeyState) -> bytes:
@@ -71,9 +73,7 @@ def encode(state: KeyState) -> bytes:
         ],
         {name: sweep.to_json() for name, sweep in sorted(state.sweeps.items())},
     ]
-    # ASCII-escaped: an event decoded from JSON may hold a lone surrogate, which UTF-8 cannot
-    # carry; an escape costs bytes only for the rare non-ASCII text.
-    return json.dumps(_trimmed(fields), separators=_SEPARATORS).encode()
+    return _ENCODER.encode(_trimmed(fields)).encode()
 
 
 def decode(raw: bytes | str | Mapping[str, Any] | list[Any]) -> KeyState:
@@ -132,8 +132,10 @@ def _rule(state: RuleState) -> list[Any]:
             {
                 name: [dict(j.event), _own_identity(j.identity, j.event), _micros(j.time)]
                 for name, j in sorted(state.joined.items())
-            },
-            {ident: _micros(at) for ident, at in sorted(state.seen.items())},
+            }
+            if state.joined
+            else {},
+            {ident: _micros(at) for ident, at in sorted(state.seen.items())} if state.seen else {},
             _micros(state.last_launch),
             [_micros(t) for t in state.launches],
             state.running,
@@ -221,7 +223,7 @@ def _micros(value: datetime | None) -> int | None:
 def _time(value: Any) -> datetime:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"expected a time in microseconds since the epoch, got {value!r}")
-    return _EPOCH + timedelta(microseconds=value)
+    return _EPOCH + _MICROSECOND * value
 
 
 def _time_or_none(value: Any) -> datetime | None:
@@ -231,7 +233,10 @@ def _time_or_none(value: Any) -> datetime | None:
 def _trimmed(fields: list[Any]) -> list[Any]:
     """*fields* without its trailing defaults (None, empty)."""
     end = len(fields)
-    while end and (fields[end - 1] is None or fields[end - 1] in ([], {})):
+    while end:
+        last = fields[end - 1]
+        if last is not None and (last or not isinstance(last, list | dict)):
+            break
         end -= 1
     return fields[:end]
 

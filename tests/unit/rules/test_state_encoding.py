@@ -106,6 +106,13 @@ def test_a_state_is_written_back_as_it_was_read() -> None:
     assert state_encoding.encode(state_encoding.decode(EVERYTHING)) == EVERYTHING
 
 
+def test_defaults_before_a_field_that_is_set_are_written_empty() -> None:
+    cooling = KeyState(rules={"r": RuleState(last_launch=at(0))}, sequence=0)
+    encoded = b'[2,null,{"r":[[],{},{},1772352000000000]},[],0]'
+    assert state_encoding.encode(cooling) == encoded
+    assert state_encoding.decode(encoded) == cooling
+
+
 def test_an_idle_state_is_only_its_format() -> None:
     assert state_encoding.encode(KeyState()) == b"[2]"
     assert state_encoding.decode(b"[2]") == KeyState()
