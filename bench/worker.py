@@ -158,8 +158,8 @@ async def _worker_run(
 async def _raw_run(bootstrap: str, source: str, *, at_least: int) -> steady.Span:
     """The raw pipeline over everything on *source*, from its beginning, as many times as it
     takes to handle *at_least* records (see `bench/raw_pipeline.py`)."""
-    async with topics.Counter(bootstrap, source) as events:
-        records = await events.count()
+    async with topics.Counter(bootstrap, source) as backlog:
+        records = await backlog.count()
     total = math.ceil(at_least / records) * records
     target = f"{source}-raw-out"
     await asyncio.to_thread(topics.create, bootstrap, {target: 1})
@@ -239,8 +239,9 @@ def _profile_section(variant: Variant) -> Section | None:
         f"process while it worked through a backlog of {variant.profile_events:,} events "
         f"({'keyed' if variant.keyed else 'unkeyed'} input, the rule of the worker rows, no "
         f"launches), right after its measured run (`bench/worker.py`, `bench/profiling.py`). "
-        "Idle threads are not sampled, so the shares are of CPU time; *own* is the function's "
-        "own code, *cumulative* includes what it called.\n\n"
+        "py-spy leaves out threads it sees idle, so the shares are close to CPU time; *own* is "
+        "the function's own code, *cumulative* includes what it called (from the event loop's "
+        "callback down).\n\n"
     )
     return Section(
         title="Profile: the worker under load", body=body + profiling.markdown(variant.profile)
