@@ -1,8 +1,11 @@
 """`KubernetesBackend`: tuneloop's jobs as Kubeflow Trainer v2 TrainJobs.
 
-Wired by `handlers/app.py`; implements `orchestrator.ports.TrainingBackend`. It talks to the
-API server only through `CustomObjectsApi` (the synchronous kubernetes client, each call
-wrapped in `asyncio.to_thread`), so it needs nothing but the Trainer CRDs.
+Wired by `handlers/app.py`; implements `orchestrator.ports.TrainingBackend`. It needs nothing
+but the Trainer CRDs. TrainJobs are created, read and deleted on the event loop through one
+pooled aiohttp session (`async_api.py`, on the connection settings of the `CustomObjectsApi`
+it is given; issue 17: a thread per call cost CPU on every launch); lists and watches (of
+TrainJobs, runtimes and pods) go through the synchronous kubernetes client, each call in
+`asyncio.to_thread`. `aclose` closes the session (the worker does so on shutdown).
 
 * `launch` - pick the runtime (`catalog.py`), build the TrainJob (`manifests.py`), create it.
   One attempt: 5xx/429/timeouts are raised as `TransientBackendError` carrying the server's
@@ -48,7 +51,7 @@ from orchestrator.jobs.model import JobContext, JobPhase, JobRef, Observation, T
 from orchestrator.jobs.tracking import next_transition
 from orchestrator.ports import RecallsJobContext, RemovesFinishedJobs
 from orchestrator.settings import KubernetesSettings
-from runtimes.kubernetes import failures, manifests, progress, results
+from runtimes.kubernetes import async_api, failures, manifests, progress, results
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from runtimes.kubernetes.errors import foreign_object_error, is_transient, translate
 from runtimes.kubernetes.pod_watching import PodFailureWatch
@@ -190,6 +193,8 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         sleep: how to wait between retries (tests pass a recorder).
         pods: lists a failed job's pods for its log tail; None leaves failures with the
             controller's message only.
+        objects: creates, reads and deletes the TrainJobs; by default one pooled aiohttp
+            session on *api*'s `ApiClient` settings (`async_api.custom_objects`).
     """
 
     def __init__(
@@ -201,6 +206,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         settings: BackendSettings | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         pods: CoreV1Api | None = None,
+        objects: async_api.CustomObjects | None = None,
     ) -> None:
         self._api = api
         self._pods = pods
@@ -221,6 +227,15 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             )
         )
         self._cancelled: set[str] = set()
+        self._objects = objects or async_api.custom_objects(
+            api,
+            async_api.Collection(GROUP, VERSION, self._settings.namespace, manifests.PLURAL),
+            timeout=self._settings.request_timeout,
+        )
+
+    async def aclose(self) -> None:
+        """Close the connections of the TrainJob calls (a later call opens new ones)."""
+        await self._objects.aclose()
 
     @classmethod
     def from_api_client(
@@ -253,14 +268,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         doing = f"create TrainJob {self.namespace}/{request.name}"
         # One attempt: the service owns retries (orchestrator/service.py, RetryPolicy).
         try:
-            await self._call(
-                self._api.create_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                manifests.PLURAL,
-                body,
-            )
+            await self._objects.create(body)
         except ApiException as exc:
             if exc.status == 409:
                 if await self._is_same_job(request):
@@ -286,9 +294,10 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         """After a 409: True if the existing TrainJob is this decision's, raise if foreign."""
         try:
             existing = await self._get(request.name)
-        except ApiException as exc:
-            if exc.status == 404:
+        except Exception as exc:
+            if isinstance(exc, ApiException) and exc.status == 404:
                 return False
+            # A connection that fails here is transient too (it escaped untranslated before).
             raise translate(exc, doing=f"read TrainJob {request.name}") from exc
         metadata = existing.get("metadata") or {}
         labels = metadata.get("labels") or {}
@@ -317,15 +326,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             return
         self._cancelled.add(job.name)
         try:
-            await self._call(
-                self._api.delete_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                manifests.PLURAL,
-                job.name,
-                propagation_policy="Background",
-            )
+            await self._objects.delete(job.name, propagation_policy="Background")
         except ApiException as exc:
             if exc.status != 404:
                 raise translate(exc, doing=f"delete TrainJob {job.name}") from exc
@@ -531,15 +532,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             if not await announced(name):
                 continue
             try:
-                await self._call(
-                    self._api.delete_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    manifests.PLURAL,
-                    name,
-                    propagation_policy="Background",
-                )
+                await self._objects.delete(name, propagation_policy="Background")
             except ApiException as exc:
                 if exc.status != 404:
                     raise translate(exc, doing=f"delete TrainJob {name}") from exc
@@ -564,15 +557,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         return await asyncio.to_thread(method, *args, **kwargs)
 
     async def _get(self, name: str) -> Mapping[str, Any]:
-        obj: Mapping[str, Any] = await self._call(
-            self._api.get_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self.namespace,
-            manifests.PLURAL,
-            name,
-        )
-        return obj
+        return await self._objects.get(name)
 
     async def _list(self) -> tuple[str, list[Mapping[str, Any]]]:
         """Every TrainJob of ours, and the resourceVersion to watch from. Retries transient

@@ -1,6 +1,7 @@
 """Kubernetes API failures, translated into the core's errors (named for what happens next).
 
-Called by `backend.py` and `catalog.py` around every API call. The rules:
+Called by `backend.py` and `catalog.py` around every API call, of the synchronous client or
+of `async_api.py` (which raises `ApiException` as that client does). The rules:
 
 * 5xx, 429, timeouts and refused connections: `TransientBackendError` (retry with backoff;
   429 honours `Retry-After`);
@@ -16,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
@@ -61,7 +63,11 @@ def is_transient(exc: BaseException) -> bool:
             # A missing object is a `Status` with reason NotFound, and stays permanent.
             return True
         return status in {0, 429} or status >= 500
-    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+    # urllib3's errors come from the synchronous client, aiohttp's from `async_api.py`: a
+    # connection refused, reset or closed mid-answer, or a TLS handshake that failed.
+    return isinstance(
+        exc, urllib3.exceptions.HTTPError | aiohttp.ClientError | ConnectionError | TimeoutError
+    )
 
 
 def _is_status_object(body: Any) -> bool:

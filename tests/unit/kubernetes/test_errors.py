@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
@@ -42,8 +43,19 @@ def test_too_many_requests_waits_as_long_as_the_server_asks():
         urllib3.exceptions.MaxRetryError(None, "/", "connection refused"),
         ConnectionRefusedError("refused"),
         TimeoutError("slow"),
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientOSError(104, "Connection reset by peer"),
+        aiohttp.ClientPayloadError("Response payload is not completed"),
     ],
-    ids=["read-timeout", "max-retry", "refused", "timeout"],
+    ids=[
+        "read-timeout",
+        "max-retry",
+        "refused",
+        "timeout",
+        "aiohttp-disconnected",
+        "aiohttp-reset",
+        "aiohttp-cut-short",
+    ],
 )
 def test_timeouts_and_refused_connections_are_transient(exc):
     assert isinstance(translate(exc, doing="x"), TransientBackendError)
