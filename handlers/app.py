@@ -583,6 +583,15 @@ def _run_alongside(
         if removed:
             log.info("finished_jobs_removed", jobs=list(removed))
 
+    async def close_backend(sender: Any, **kwargs: Any) -> None:
+        # Once the consumer has stopped: the Kubernetes backend's pooled HTTP session
+        # (runtimes/kubernetes/async_api.py), the local backend's job watch. A backend that
+        # is used again afterwards opens them again.
+        close = getattr(backend, "aclose", None)
+        if close is not None:
+            await close()
+
+    cast(Any, app.on_before_shutdown).connect(close_backend)
     cast(Any, app.on_rebalance_complete).connect(rebuild_wakeups)
     faust_app.task(pump_observations)
     faust_app.timer(interval=tick_interval)(tick_due_keys)

@@ -118,3 +118,25 @@ def test_a_rule_state_an_earlier_worker_wrote_on_the_changelog_still_loads(rules
     )
 
     assert state_encoding.decode(value) == KeyState(horizon=at(0))
+
+
+class ClosingBackend(InMemoryBackend):
+    """A stand-in backend that notes when it is closed (the Kubernetes backend closes its
+    pooled HTTP session there)."""
+
+    closed = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+async def test_the_worker_closes_its_backend_when_it_shuts_down(rules: Path) -> None:
+    clock = FixedClock(at(0))
+    backend = ClosingBackend(clock)
+    worker = build_worker(settings(rules=(rules,)), backend=backend, clock=clock)
+    assert backend.closed == 0
+
+    # What faust's App.on_stop sends once its consumer has stopped.
+    await worker.app.on_before_shutdown.send()
+
+    assert backend.closed == 1
