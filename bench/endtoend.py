@@ -519,7 +519,7 @@ def run(*, quick: bool) -> list[dict[str, object]]:  # noqa: PLR0915 -- one stra
     from devservices import kubernetes as local_kubernetes
     from devservices.kafka import kafka_for_tests
 
-    count, light_count, mix_seconds = (100, 20, 5) if quick else (1500, 200, 25)
+    count, light_count, mix_seconds = (100, 20, 5) if quick else (1000, 200, 20)
     mix = Phase(int(MIX_RATE * mix_seconds), MIX_RATE, launch_every=round(1 / MIX_LAUNCHING))
     raw_mix_count = int(MIX_RATE * min(mix_seconds, 10))
     logging_config = structlog.get_config()
