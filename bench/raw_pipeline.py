@@ -7,11 +7,6 @@ records are acknowledged, then commits the batch's offsets; it exits after COUNT
 That is what any Kafka-in, Kafka-out service must do per event: consume it, produce one
 record, commit. No decoding, no state. It runs in a process of its own, as the worker does,
 so `bench/worker.py` reads its CPU time and its progress the same way.
-
-It is some 30 times as fast as the worker, so a backlog the worker needs seconds for lasts it
-a fraction of a second, too short to sample. When it has read to the end of the topic as it
-was when it started, it seeks back to the beginning and reads it again, until COUNT: every
-pass is the same Kafka work, record by record.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ import sys
 
 
 async def pipeline(bootstrap: str, source: str, target: str, group: str, count: int) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     consumer = AIOKafkaConsumer(
         source,
@@ -35,8 +30,6 @@ async def pipeline(bootstrap: str, source: str, target: str, group: str, count: 
     await consumer.start()
     await producer.start()
     done = 0
-    ends: dict[TopicPartition, int] = {}
-    reached: dict[TopicPartition, int] = {}
     try:
         while done < count:
             batches = await consumer.getmany(timeout_ms=500)
@@ -50,13 +43,6 @@ async def pipeline(bootstrap: str, source: str, target: str, group: str, count: 
             await asyncio.gather(*sent)
             await consumer.commit()
             done += len(sent)
-            if not ends:  # assigned now: the end of this pass
-                ends = await consumer.end_offsets(list(consumer.assignment()))
-            for partition, records in batches.items():
-                reached[partition] = records[-1].offset + 1
-            if all(reached.get(p, 0) >= end for p, end in ends.items()):
-                reached.clear()
-                await consumer.seek_to_beginning(*ends)
     finally:
         await producer.stop()
         await consumer.stop()

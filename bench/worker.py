@@ -20,8 +20,8 @@ the worker must bring each key's events together itself. For each:
    at the same moments: events per second and CPU per event, start-up excluded;
 3. the baseline, `bench/raw_pipeline.py` in a process of its own, reads the same topic from
    its beginning in a fresh group, produces one record per event and commits per batch; cut
-   and read the same way. It reads the topic several times over (100,000 records at least),
-   since one pass would be over too soon to sample.
+   and read the same way. The topic is first topped up to 100,000 events of the same kind:
+   the worker's backlog alone would be over too soon to sample.
 
 The profile: after the keyed run, with the worker still running, `py-spy` samples it
 (`bench/profiling.py`) while it works through another backlog; the top of it goes under the
@@ -53,7 +53,9 @@ KEYED_GOAL = ">= 0.5x the raw pipeline"
 UNKEYED_GOAL = ">= 0.25x the raw pipeline"
 CPU_GOAL_US = 40
 RAW_AT_LEAST = 100_000
-"""Records the raw pipeline handles (passes over the topic): a few seconds of it."""
+"""Records the raw pipeline handles: a few seconds of it. It is some 30 times as fast as the
+worker, so the worker's backlog alone would be over too soon to sample; the topic is topped
+up with more events of the same kind (after the worker is done with it) to this many."""
 RULES = """
 runtimes: [torch-distributed]
 rules:
@@ -155,12 +157,14 @@ async def _worker_run(
     return names, span, profile
 
 
-async def _raw_run(bootstrap: str, source: str, *, at_least: int) -> steady.Span:
-    """The raw pipeline over everything on *source*, from its beginning, as many times as it
-    takes to handle *at_least* records (see `bench/raw_pipeline.py`)."""
+async def _raw_run(bootstrap: str, source: str, *, keyed: bool, at_least: int) -> steady.Span:
+    """The raw pipeline over everything on *source*, from its beginning, once the topic holds
+    *at_least* records: the worker's and more of the same kind (see `RAW_AT_LEAST`)."""
     async with topics.Counter(bootstrap, source) as backlog:
-        records = await backlog.count()
-    total = math.ceil(at_least / records) * records
+        total = await backlog.count()
+    if total < at_least:
+        filler = _records(f"fill-{uuid.uuid4().hex[:6]}", at_least - total, keyed=keyed)
+        total += await topics.produce(bootstrap, source, filler)
     target = f"{source}-raw-out"
     await asyncio.to_thread(topics.create, bootstrap, {target: 1})
     group = f"bench-raw-{uuid.uuid4().hex[:6]}"
@@ -189,7 +193,7 @@ async def _variant(
     names, worker, profile = await _worker_run(
         bootstrap, workdir, keyed=keyed, count=count, profile_events=profile_events
     )
-    raw = await _raw_run(bootstrap, names.events, at_least=RAW_AT_LEAST)
+    raw = await _raw_run(bootstrap, names.events, keyed=keyed, at_least=RAW_AT_LEAST)
     return Variant(keyed, worker, raw, count, profile, profile_events)
 
 
