@@ -16,15 +16,42 @@ the rule set reads.
 from __future__ import annotations
 
 import re
+import sys
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-
-import cel
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.events import CloudEvent
 from orchestrator.rules.fastpath import Evaluator, FastPathError, NeedsCel, compile_simple
+
+
+def _cel_without_its_shell() -> types.ModuleType:
+    """The `cel` package, imported without `cel.cli`, its interactive shell.
+
+    `cel/__init__.py` (common-expression-language 0.10) imports the shell before its bindings,
+    and the shell imports typer, prompt_toolkit, pygments and rich: 60-200 ms of every
+    worker's and command's start, for a module tuneloop never uses. A placeholder stands in
+    for `cel.cli` while the package is imported and is dropped afterwards, so an explicit
+    `import cel.cli` (or `python -m cel`) still loads the real shell.
+    """
+    if "cel" in sys.modules:
+        return sys.modules["cel"]
+    placeholder = types.ModuleType("cel.cli")
+    sys.modules["cel.cli"] = placeholder
+    try:
+        import cel
+    finally:
+        if sys.modules.get("cel.cli") is placeholder:
+            del sys.modules["cel.cli"]
+    return cel
+
+
+if TYPE_CHECKING:
+    import cel
+else:
+    cel = _cel_without_its_shell()
 
 EVENT_ATTRIBUTES = ("id", "source", "type", "specversion", "subject", "time", "data")
 _MACRO_BINDING = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")

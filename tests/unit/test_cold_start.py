@@ -1,7 +1,8 @@
 """What a worker does not load before it is ready: libraries only some rules or commands need.
 
 A fresh interpreter builds a worker as `tuneloop run` does (local backend, one rule file) and
-lists what it imported; TPE's optuna comes at the first TPE suggestion instead.
+lists what it imported; TPE's optuna comes at the first TPE suggestion instead, and cel's
+interactive shell never.
 """
 
 from __future__ import annotations
@@ -44,7 +45,15 @@ build_worker(settings, rule_paths=[folder / "rules.yaml"], backend=backend, cloc
 print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
 """
 
-NOT_NEEDED_TO_START = ("optuna", "numpy", "kubernetes", "mlflow", "pyarrow", "torch")
+NOT_NEEDED_TO_START = (
+    "optuna",  # TPE sweeps only
+    "numpy",
+    "kubernetes",  # the kubernetes backend only
+    "mlflow",
+    "pyarrow",
+    "torch",
+    "prompt_toolkit",  # cel's interactive shell
+)
 
 
 def test_a_worker_with_the_local_backend_is_built_without_the_libraries_it_may_never_use(
@@ -74,3 +83,19 @@ def test_the_worker_s_tpe_suggests_what_optuna_s_does() -> None:
     assert [worker_tpe.suggest(spec, (), index) for index in range(3)] == [
         OptunaTpeSuggester().suggest(spec, (), index) for index in range(3)
     ]
+
+
+def test_cel_s_shell_is_still_there_for_whoever_imports_it() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from orchestrator.rules import expressions; import cel.cli; print(cel.cli.main)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    )
+    assert "function" in done.stdout
