@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from orchestrator.errors import ConfigError, InvalidEventError
@@ -38,6 +39,18 @@ def event(event_type: str, data: object) -> CloudEvent:
 
 def test_every_builtin_type_has_a_schema() -> None:
     assert set(REGISTRY.types) == {member.value for member in EventType}
+
+
+SCHEMA_FILES = sorted(
+    (Path(__file__).parents[3] / "orchestrator/vocabulary/schemas").glob("*.json")
+)
+
+
+@pytest.mark.parametrize("path", SCHEMA_FILES, ids=[path.stem for path in SCHEMA_FILES])
+def test_every_builtin_schema_is_a_valid_json_schema(path: Path) -> None:
+    # The built-in registry does not check its own schemas at each start; this does.
+    schema = json.loads(path.read_text("utf-8"))
+    jsonschema.validators.validator_for(schema).check_schema(schema)
 
 
 def test_a_complete_drift_report_is_valid() -> None:
