@@ -12,6 +12,7 @@ from handlers.cli import (
     demo_commands,
     event_commands,
     handoff_commands,
+    partition_commands,
     reference_commands,
     rule_commands,
     service_commands,
@@ -41,6 +42,7 @@ for module in (
     handoff_commands,
     demo_commands,
     service_commands,
+    partition_commands,
     reference_commands,
 ):
     module.register(app)

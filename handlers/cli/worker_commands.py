@@ -110,6 +110,7 @@ def register(app: typer.Typer) -> None:
         """Run a tuneloop worker until interrupted (Kafka settings: TUNELOOP_KAFKA_*)."""
         from handlers.app import build_worker, make_backend, run_worker
         from handlers.logs import configure as configure_logging
+        from handlers.partitions.guard import refuse_changed_partitions
         from orchestrator.clock import SystemClock
 
         configure_logging(log_level)
@@ -130,6 +131,8 @@ def register(app: typer.Typer) -> None:
                 namespace=namespace,
                 web_port=web_port,
             )
+            # A group's internal partition count is fixed (docs/partitions.md).
+            refuse_changed_partitions(settings.kafka)
             training = make_backend(settings, clock=clock)
             worker = build_worker(settings, backend=training, clock=clock)
         except ConfigError as exc:
