@@ -1,9 +1,10 @@
 """Stage 1 of the intake: the input topics read in batches, each batch committed in one Kafka
 transaction with its forwards and dead letters.
 
-`handlers/intake.py` creates an `InputBatches` for the worker's App and adds it as a
-dependency, so the App starts and stops it (the worker, `build_intake`, and an App run
-in-process with `faust.contrib.asgi.faust_app_running` alike). What to send for a record is
+`handlers/intake.py` creates an `InputBatches` for the worker's App and registers it as an
+App service (`app.service`), which faust starts once the App has started and recovered its
+tables and stops with the App (the worker, `build_intake`, and an App run in-process with
+`faust.contrib.asgi.faust_app_running` alike). What to send for a record is
 the intake's decision (`_Pipeline.sort_raw`); this module only reads, sends and commits.
 
 - **Its own consumer**, not faust's: a plain `AIOKafkaConsumer` on the worker's loop, in the
@@ -60,6 +61,9 @@ log = structlog.get_logger("tuneloop.intake")
 
 HEADROOM_BYTES = 64 * 1024
 """Room beyond `max_event_bytes` for the headers a forward or a dead letter adds."""
+
+CONFIRM_SECONDS = 5.0
+"""How long a revoke waits for the last committed offsets to be readable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +124,7 @@ def transactional_id_for(kafka: KafkaSettings) -> str:
 
 class InputBatches(Service):
     """Reads the input topics in batches and commits each in one transaction (module
-    docstring). A `mode.Service`: the faust App starts and stops it as a dependency.
+    docstring). A `mode.Service`: the faust App starts and stops it.
 
     Args:
         kafka: brokers, credentials, input topics, group id, record size limit.
@@ -180,8 +184,8 @@ class InputBatches(Service):
             **aiokafka_options(self.kafka),
         )
         consumer.subscribe(list(self.kafka.topics_in), listener=_Rebalances(self))
+        self._consumer = consumer  # before start: the listener may be called during it
         await consumer.start()
-        self._consumer = consumer
         self._closing = False
         self._reader = asyncio.ensure_future(self._read())
 
@@ -258,8 +262,9 @@ class InputBatches(Service):
             return
         async with self._lock:
             if epoch != self._epoch:
-                # Partitions were revoked since the fetch: the assignment put positions back
-                # at the committed offsets, and these records come again from there.
+                # The group changed since the fetch: these records may no longer be ours, and
+                # the fetch moved the positions past them. Read again from what is committed.
+                await self._rewind_assigned()
                 return
             await self._commit(batches)
 
@@ -271,6 +276,7 @@ class InputBatches(Service):
             for message in messages
         ]
         producer = self._producer
+        step = "sending"
         try:
             async with asyncio.timeout(2 * self.options.transaction_timeout_ms / 1000):
                 await producer.begin_transaction()
@@ -282,10 +288,13 @@ class InputBatches(Service):
                     for send in outcome.sends
                 ]
                 await asyncio.gather(*deliveries)
+                step = "adding offsets"
                 offsets = {tp: messages[-1].offset + 1 for tp, messages in batches.items()}
                 await producer.send_offsets_to_transaction(offsets, self.group_id)
+                step = "committing"
                 await producer.commit_transaction()
-        except Exception:  # a Kafka error, a timeout, a transaction in the wrong state
+        except Exception as exc:  # a Kafka error, a timeout, a transaction in the wrong state
+            log.warning("intake_transaction_failed", step=step, error=repr(exc))
             await self._give_up_batch(batches)
             raise
         self._committed.update(offsets)
@@ -372,23 +381,30 @@ class InputBatches(Service):
             self._epoch += 1
 
     async def _confirm_committed(self, consumer: Any, partitions: Collection[Any]) -> None:
-        """Commit again, outside a transaction, the offsets this reader's last transactions
-        committed for *partitions*, before they go to another member.
+        """Wait (up to `CONFIRM_SECONDS`) until the offsets this reader's transactions
+        committed for *partitions* are what the group reads back, before they go to another
+        member.
 
         `commit_transaction` returns once the commit is decided; the offsets become readable
         when the broker has written the transaction's markers, a moment later. The next owner
         of a partition could read the older offset in between (aiokafka's offset fetch does
-        not ask for stable offsets, KIP-447) and dead-letter a batch a second time. A plain
-        commit of the same offsets is readable at once."""
-        offsets = {tp: self._committed[tp] for tp in partitions if tp in self._committed}
-        for tp in partitions:
-            self._committed.pop(tp, None)
-        if not offsets:
-            return
+        not ask for stable offsets, KIP-447) and dead-letter a batch a second time. (A plain
+        commit of the same offsets would be readable at once, but the broker warns against
+        mixing plain and transactional commits in one group, with reason.)"""
+        expected = {tp: self._committed.pop(tp) for tp in partitions if tp in self._committed}
+        deadline = asyncio.get_running_loop().time() + CONFIRM_SECONDS
         try:
-            await consumer.commit(offsets)
-        except Exception as exc:  # the transactions committed them already; this only hurries
-            log.info("intake_offsets_not_confirmed", error=repr(exc))
+            while expected:
+                for tp, offset in list(expected.items()):
+                    if (await consumer.committed(tp) or 0) >= offset:
+                        del expected[tp]
+                if expected and asyncio.get_running_loop().time() > deadline:
+                    log.warning("intake_offsets_unconfirmed", partitions=len(expected))
+                    return
+                if expected:
+                    await asyncio.sleep(0.01)
+        except Exception as exc:  # the transactions committed them; this only waited for it
+            log.info("intake_offsets_unconfirmed", error=repr(exc))
 
 
 class _Rebalances(ConsumerRebalanceListener):  # type: ignore[misc]

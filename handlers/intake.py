@@ -163,7 +163,7 @@ class Intake:
     """The intake's validation, for the HTTP ingress (`handlers/web/ingress.py`): one code
     path decides what may enter, whichever way a record came."""
     input_batches: InputBatches
-    """Stage 1, a service of `app`: started and stopped with it."""
+    """Stage 1, a service of `app`: started once the App has started, stopped with it."""
 
 
 def keyed_topic_name(kafka: KafkaSettings) -> str:
@@ -223,15 +223,17 @@ def install_intake(
         dlq=_ProducerTopic(app, kafka.topic_dlq),
     )
     # Stage 1 has its own consumer group and transactional producer (handlers/input_batches.py);
-    # faust does not subscribe to the input topics. Added before the App starts, it starts
-    # first and stops after the App's own services.
+    # faust does not subscribe to the input topics. An App service starts once the App has
+    # started and recovered its tables: faust has created the keyed topic by then (a send
+    # before that could have the broker create it with its default partition count) and
+    # stage 2 is ready. It stops first, before the App's own services.
     batches = InputBatches(
         kafka,
         sort=pipeline.sort_raw,
         count=pipeline.count,
         options=batch_options or BatchOptions(),
     )
-    app.add_dependency(batches)
+    cast(Any, app).service(batches)  # faust takes an instance too, though typed for a class
 
     # One actor per keyed partition: keys of different partitions are handled side by side
     # (a launch waiting on the API server holds up only its own partition), while the inputs
