@@ -169,6 +169,25 @@ class InputBatches(Service):
         manager = getattr(self._producer, "_txn_manager", None)
         return manager is not None and manager.is_in_transaction()
 
+    async def progress(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """(end offset, committed offset) of each assigned partition, by (topic, partition):
+        the end as a reader of committed records sees it; before anything was committed, the
+        log's first offset. Asks the broker."""
+        consumer = self._consumer
+        if consumer is None or not consumer.assignment():
+            return {}
+        assigned = sorted(consumer.assignment())
+        ends = await consumer.end_offsets(assigned)
+        found: dict[tuple[str, int], tuple[int, int]] = {}
+        for tp in assigned:
+            done = self._committed.get(tp)
+            if done is None:
+                done = await consumer.committed(tp)
+            if done is None:
+                done = (await consumer.beginning_offsets([tp]))[tp]
+            found[(tp.topic, tp.partition)] = (int(ends[tp]), int(done))
+        return found
+
     # --- lifecycle --------------------------------------------------------------------------
 
     async def on_start(self) -> None:
