@@ -52,7 +52,7 @@ from handlers.intake import (
 from handlers.rules_reloading import RulesReloader
 from handlers.tracing import NO_TRACING, Tracing, tracing_from_environment
 from handlers.web import health, ingress, metrics
-from handlers.web.health import HealthWatch
+from handlers.web.health import HealthWatch, PartitionLag
 from handlers.web.metrics import IngressStats, WorkerCounts
 from handlers.web.server import WebServer, web_server
 from orchestrator import signals
@@ -434,10 +434,20 @@ def _add_web_server(
 ) -> None:
     """Add the one web server and the health watch to the App (see `handlers/web/`)."""
     options = settings.worker
+    batches = worker.intake.input_batches
+
+    async def intake_lag() -> tuple[PartitionLag, ...]:
+        # stage 1 reads the input topics in a group of its own, beside faust's consumer
+        return tuple(
+            PartitionLag(topic=topic, partition=partition, end_offset=end, committed=done)
+            for (topic, partition), (end, done) in (await batches.progress()).items()
+        )
+
     watch = HealthWatch(
         worker.app,
         loop_stall=options.health_loop_stall,
         progress_stall=options.health_progress_stall,
+        more_lag=intake_lag,
     )
     ends = () if worker.dashboard is None else (worker.dashboard.board.close,)
     server = web_server(

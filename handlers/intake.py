@@ -1,25 +1,29 @@
 """The front door: CloudEvents from Kafka into the core, or into the dead-letter topic.
 
-Called by the composition root (`handlers/app.py`), which registers the agents on the
+Called by the composition root (`handlers/app.py`), which installs the intake on the
 worker's App with `install_intake(app, kafka, seen=..., router=..., sink=...)` once the
-orchestrator they feed exists; tests and the benchmark build an intake alone with
+orchestrator it feeds exists; tests and the benchmark build an intake alone with
 `build_intake` and run it in-process with `faust.contrib.asgi.faust_app_running`.
 
-Two agents, so that per-key state is co-partitioned with the key the rules care about:
+Two stages, so that per-key state is co-partitioned with the key the rules care about:
 
-1. `tuneloop-intake` reads raw records (bytes + headers) from the input topics. For each
-   record it decodes (`handlers/codec.py`), validates the data against the schema of its type
+1. Stage 1 (`handlers/input_batches.py`, a service of the App, not a faust agent) reads raw
+   records (bytes + headers) from the input topics in batches. For each record `sort_raw`
+   decodes (`handlers/codec.py`), validates the data against the schema of its type
    (`orchestrator/vocabulary/registry.py`), refuses events that are too old or expired, asks
-   `router` for the keys the event is relevant to, and forwards the *original record* to the
-   internal keyed topic once per key. A record it refuses goes to the DLQ instead. Exactly
-   one of the two happens.
-2. `tuneloop-keyed` reads the keyed topic (partitioned by rule key), skips what the seen-set
-   (`handlers/dedup.py`, a faust Table with a changelog) already holds, and calls
-   `sink(key, event, info)`; then it records the event as seen. The sink is where the rule
-   engine with its per-key state plugs in.
+   `router` for the keys the event is relevant to, and says what to send: the *original
+   record* to the internal keyed topic once per key, or, for a record it refuses, one dead
+   letter. Exactly one of the two happens. A batch's records and its input offsets are
+   committed in one Kafka transaction.
+2. `tuneloop-keyed` (a faust agent) reads the keyed topic (partitioned by rule key), skips
+   what the seen-set (`handlers/dedup.py`, a faust Table with a changelog) already holds, and
+   calls `sink(key, event, info)`; then it records the event as seen. The sink is where the
+   rule engine with its per-key state plugs in.
 
-Delivery (argued in docs/delivery.md): at-least-once. faust flushes the producer (forwards,
-dead letters, changelog writes) before it commits an offset, so an offset is committed only
+Delivery (argued in docs/delivery.md): stage 1 is exactly-once for readers of the keyed and
+dead-letter topics that read committed records, since a batch's forwards, dead letters and
+offsets commit together or not at all. Stage 2 is at-least-once: faust flushes the producer
+(dead letters, changelog writes) before it commits an offset, so an offset is committed only
 after the record's outcome is durable. A crash between the sink and the seen-set write
 replays that event to the sink once more, so the sink's effects must be idempotent (job names
 derived from the decision make launches so).
@@ -44,6 +48,7 @@ from handlers.codec import Headers, KafkaRecord, RecordInfo, decode_record
 from handlers.dead_letters import dead_letter_record
 from handlers.dedup import SEEN_TABLE, SeenEvents, seen_key
 from handlers.faust_app import new_app, raw_topic
+from handlers.input_batches import BatchOptions, InputBatches, Outgoing, RecordOutcome
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent
@@ -157,6 +162,8 @@ class Intake:
     admission: Admission
     """The intake's validation, for the HTTP ingress (`handlers/web/ingress.py`): one code
     path decides what may enter, whichever way a record came."""
+    input_batches: InputBatches
+    """Stage 1, a service of `app`: started once the App has started, stopped with it."""
 
 
 def keyed_topic_name(kafka: KafkaSettings) -> str:
@@ -184,8 +191,10 @@ def install_intake(
     registry: SchemaRegistry | None = None,
     accepts_unknown_type: UnknownTypePolicy = refuse_unknown_types,
     clock: Clock | None = None,
+    batch_options: BatchOptions | None = None,
 ) -> Intake:
-    """Register the two agents (see the module docstring) on *app*.
+    """Add the two stages (see the module docstring) to *app*: stage 1 as a service the App
+    starts and stops, stage 2 as a faust agent.
 
     The composition root calls it last, once what *router* and *sink* use exists.
 
@@ -198,8 +207,8 @@ def install_intake(
         registry: schemas of known types; the built-in vocabulary when omitted.
         accepts_unknown_type: which types without a schema may pass.
         clock: the time for age checks and the seen-set; the system clock when omitted.
+        batch_options: how stage 1 reads and commits (tests make batches small).
     """
-    source = raw_topic(app, *kafka.topics_in)
     keyed_name = keyed_topic_name(kafka)
     keyed = raw_topic(app, keyed_name, partitions=kafka.internal_partitions, internal=True)
     pipeline = _Pipeline(
@@ -210,14 +219,21 @@ def install_intake(
         sink=sink,
         now=(clock or SystemClock()).now,
         seen=seen,
-        keyed=_ProducerTopic(app, keyed_name),
+        keyed_topic=keyed_name,
         dlq=_ProducerTopic(app, kafka.topic_dlq),
     )
-
-    @app.agent(source, name="tuneloop-intake")
-    async def intake(stream: Any) -> None:
-        async for delivered in stream.events():
-            await pipeline.take_raw(delivered.message)
+    # Stage 1 has its own consumer group and transactional producer (handlers/input_batches.py);
+    # faust does not subscribe to the input topics. An App service starts once the App has
+    # started and recovered its tables: faust has created the keyed topic by then (a send
+    # before that could have the broker create it with its default partition count) and
+    # stage 2 is ready. It stops first, before the App's own services.
+    batches = InputBatches(
+        kafka,
+        sort=pipeline.sort_raw,
+        count=pipeline.count,
+        options=batch_options or BatchOptions(),
+    )
+    cast(Any, app).service(batches)  # faust takes an instance too, though typed for a class
 
     # One actor per keyed partition: keys of different partitions are handled side by side
     # (a launch waiting on the API server holds up only its own partition), while the inputs
@@ -240,6 +256,7 @@ def install_intake(
         seen=seen,
         keyed_topic=keyed_name,
         admission=pipeline.admit,
+        input_batches=batches,
     )
 
 
@@ -251,6 +268,7 @@ def build_intake(
     registry: SchemaRegistry | None = None,
     accepts_unknown_type: UnknownTypePolicy = refuse_unknown_types,
     clock: Clock | None = None,
+    batch_options: BatchOptions | None = None,
     **faust_options: Any,
 ) -> Intake:
     """An intake on its own App, without the rule engine: for tests and the intake benchmark
@@ -266,11 +284,13 @@ def build_intake(
         registry=registry,
         accepts_unknown_type=accepts_unknown_type,
         clock=clock,
+        batch_options=batch_options,
     )
 
 
 class _Pipeline:
-    """What the two agents do with one message each; the agents only iterate."""
+    """What the two stages do with one record each; stage 1's reader and the keyed agent only
+    iterate."""
 
     def __init__(
         self,
@@ -282,7 +302,7 @@ class _Pipeline:
         sink: Sink,
         now: Callable[[], datetime],
         seen: SeenEvents,
-        keyed: Any,
+        keyed_topic: str,
         dlq: Any,
     ) -> None:
         self.kafka = kafka
@@ -292,7 +312,7 @@ class _Pipeline:
         self.sink = sink
         self.now = now
         self.seen = seen
-        self.keyed = keyed
+        self.keyed_topic = keyed_topic
         self.dlq = dlq
         self.stats = IntakeStats()
 
@@ -308,31 +328,54 @@ class _Pipeline:
             max_age=self.kafka.max_age,
         )
 
-    async def take_raw(self, message: Any) -> None:
-        """Stage 1: admit and forward once per key, or dead-letter."""
-        self.stats.received += 1
-        record, origin = _record_of(message)
+    def sort_raw(self, record: KafkaRecord, origin: RecordInfo) -> RecordOutcome:
+        """Stage 1: what to send for one input record: the original once per key to the keyed
+        topic, or one dead letter. Sends nothing and counts nothing (`count` does, once the
+        batch is committed), so a batch that is tried again changes nothing twice."""
         try:
             events = self.admit(record, origin.timestamp or self.now())
             routes = [(index, tuple(self.router(event))) for index, event in enumerate(events)]
         except InvalidEventError as exc:
-            await self.dead_letter(record, origin, exc.code, exc.message)
-            return
+            return self._refusal(record, origin, exc.code, exc.message)
         except Exception as exc:  # a bug of ours must not stop the worker or lose the record
             log.exception("intake_failed", topic=origin.topic, offset=origin.offset)
-            await self.dead_letter(record, origin, Rejection.INTAKE_FAILED, repr(exc))
-            return
-        for index, keys in routes:
-            if not keys:
+            return self._refusal(record, origin, Rejection.INTAKE_FAILED, repr(exc))
+        forwards = tuple(
+            Outgoing(
+                topic=self.keyed_topic,
+                key=key.encode("utf-8"),
+                value=record.value,
+                headers=(*record.headers, *_forward_block(origin, index)),
+            )
+            for index, keys in routes
+            for key in keys
+        )
+        unrouted = tuple(events[index].id for index, keys in routes if not keys)
+        return RecordOutcome(origin=origin, sends=forwards, unrouted=unrouted)
+
+    def _refusal(
+        self, record: KafkaRecord, origin: RecordInfo, code: str, message: str
+    ) -> RecordOutcome:
+        letter = dead_letter_record(
+            record, origin=origin, code=code, message=message, at=self.now()
+        )
+        send = Outgoing(
+            topic=self.kafka.topic_dlq, key=letter.key, value=letter.value, headers=letter.headers
+        )
+        return RecordOutcome(origin=origin, sends=(send,), refused=(str(code), message))
+
+    def count(self, outcomes: Sequence[RecordOutcome]) -> None:
+        """Count and log the outcomes of a committed stage-1 batch."""
+        for outcome in outcomes:
+            self.stats.received += 1
+            if outcome.refused is not None:
+                code, message = outcome.refused
+                self._dead_lettered(outcome.origin, code, message)
+                continue
+            self.stats.forwarded += len(outcome.sends)
+            for event_id in outcome.unrouted:
                 self.stats.unrouted += 1
-                log.info("event_unrouted", event_id=events[index].id)
-            for key in keys:
-                await self.keyed.send(
-                    key=key.encode("utf-8"),
-                    value=record.value,
-                    headers=[*record.headers, *_forward_block(origin, index)],
-                )
-                self.stats.forwarded += 1
+                log.info("event_unrouted", event_id=event_id)
 
     async def take_keyed(self, message: Any) -> None:
         """Stage 2: skip duplicates, hand the rest to the sink, remember them."""
@@ -374,11 +417,14 @@ class _Pipeline:
     async def dead_letter(
         self, original: KafkaRecord, origin: RecordInfo, code: str, message: str
     ) -> None:
-        """Send *original* to the DLQ with the reason attached."""
+        """Stage 2: send *original* to the DLQ with the reason attached."""
         letter = dead_letter_record(
             original, origin=origin, code=code, message=message, at=self.now()
         )
         await self.dlq.send(key=letter.key, value=letter.value, headers=list(letter.headers))
+        self._dead_lettered(origin, code, message)
+
+    def _dead_lettered(self, origin: RecordInfo, code: str, message: str) -> None:
         self.stats.dead_lettered[str(code)] += 1
         log.warning(
             "event_dead_lettered",
@@ -391,10 +437,9 @@ class _Pipeline:
 
 
 class _ProducerTopic:
-    """Sends raw records to one topic through the app's producer, skipping faust's Topic
-    machinery (serializers, FutureMessage bookkeeping), which costs more per record than
-    everything else the intake does. Still durable before commit: faust flushes this same
-    producer before it commits any offset."""
+    """Sends raw records to one topic through the app's producer (stage 2's dead letters),
+    skipping faust's Topic machinery (serializers, FutureMessage bookkeeping). Still durable
+    before commit: faust flushes this same producer before it commits any offset."""
 
     def __init__(self, app: faust.App, name: str) -> None:
         self._app = app

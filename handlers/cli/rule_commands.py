@@ -430,6 +430,8 @@ def _dead_letters_of(bootstrap: str, topic: str, event_id: str) -> list[DeadLett
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         consumer_timeout_ms=AUDIT_READ_IDLE_MS,
+        # the intake writes dead letters in transactions; an aborted one's are not letters
+        isolation_level="read_committed",
     )
     found = []
     try:

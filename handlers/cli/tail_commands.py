@@ -46,7 +46,13 @@ async def _tail(bootstrap: str, topic: str, *, until: str | None, timeout: float
     from handlers.codec import KafkaRecord, decode_record, envelope_of
     from orchestrator.errors import InvalidEventError
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    # Committed records only: the intake's dead letters and forwards are written in transactions.
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
     await consumer.start()
     deadline = time.monotonic() + timeout
     try:

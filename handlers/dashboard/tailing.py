@@ -43,7 +43,14 @@ async def tail_topics(kafka: KafkaSettings, board: Board, *, history: int) -> No
         kafka.topic_out: lambda record: _read_output(board, record),
         kafka.topic_dlq: lambda record: _read_dead_letter(board, record),
     }
-    consumer = AIOKafkaConsumer(**aiokafka_options(kafka), group_id=None, enable_auto_commit=False)
+    # Committed records only: the intake writes dead letters in transactions, and an aborted
+    # one's letters (a killed worker's batch, written again after the restart) are not letters.
+    consumer = AIOKafkaConsumer(
+        **aiokafka_options(kafka),
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
     await consumer.start()
     try:
         await _assign_recent(consumer, tuple(readers), history=history)

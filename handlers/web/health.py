@@ -17,7 +17,8 @@ server (`handlers/web/server.py`).
 Both answer `200` with `ok` or `503` with the reasons, as JSON.
 
 Lag is measured here, from the broker's end offsets and the group's committed offsets of the
-assigned partitions, every few seconds; `/metrics` shows the same numbers
+assigned partitions (faust's, and those of stage 1 of the intake, which reads the input
+topics in a group of its own: `more_lag`), every few seconds; `/metrics` shows the same numbers
 (`handlers/web/metrics.py`), so a scrape never waits on the broker.
 """
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,7 @@ class HealthWatch(Service):
         loop_stall: seconds without a heartbeat (or a heartbeat that late) that fail liveness.
         progress_stall: seconds without a commit while there is lag that fail liveness.
         monotonic: the clock for both (a test passes its own).
+        more_lag: the lag of partitions faust's consumer does not read (stage 1's).
     """
 
     def __init__(
@@ -87,9 +89,11 @@ class HealthWatch(Service):
         loop_stall: float,
         progress_stall: float,
         monotonic: Callable[[], float] = time.monotonic,
+        more_lag: Callable[[], Awaitable[Sequence[PartitionLag]]] | None = None,
         **kwargs: Any,
     ) -> None:
         self.app = app
+        self.more_lag = more_lag
         self.loop_stall = loop_stall
         self.progress_stall = progress_stall
         self.monotonic = monotonic
@@ -187,6 +191,8 @@ class HealthWatch(Service):
             )
             for tp in consumed
         )
+        if self.more_lag is not None:
+            partitions += tuple(await self.more_lag())
         positions = {(p.topic, p.partition): p.committed for p in partitions}
         if positions != self._last_committed or not any(p.lag for p in partitions):
             self.last_progress = self.monotonic()

@@ -403,6 +403,7 @@ async def diagnosis(
         f"decisions: {dict(outcomes)}\nlate: {late[:10]}\n"
         f"{_missing_keys_story(missing, audit, events)}"
         f"{await asyncio.to_thread(_group_lag, bootstrap, group) if group else ''}"
+        f"{await asyncio.to_thread(_group_lag, bootstrap, f'{group}-intake') if group else ''}"
         f"{workers_log_tails(workers)}"
     )
 

@@ -12,7 +12,7 @@ generated once, derandomized, before the worker starts.
 
 What must hold: the worker is still running; every bad record is in the DLQ exactly once,
 byte for byte, with the expected code and its origin offset; every good event was decided on
-by the rules (one audit decision each); the group's committed offsets are past every record.
+by the rules (one audit decision each); stage 1's group's committed offsets are past every record.
 """
 
 from __future__ import annotations
@@ -278,7 +278,10 @@ async def test_hundreds_of_malformed_records_go_to_the_dlq_and_the_good_ones_are
             timeout=90,
             interval=0.1,
         )
-        committed_offset = await wait_committed(kafka_bootstrap, group, topics["in"], len(records))
+        # stage 1 of the intake commits the input offsets, in its own group
+        committed_offset = await wait_committed(
+            kafka_bootstrap, f"{group}-intake", topics["in"], len(records)
+        )
         crash = worker.app._crash_reason
     letters = await read_records(kafka_bootstrap, topics["dlq"])
     decisions = await read_decisions(kafka_bootstrap, topics["audit"])

@@ -85,6 +85,14 @@ async def test_qualifying_events_launch_one_job_and_its_completion_is_announced_
         )
         await wait_for(completion_announced, what="the completion event", timeout=60, interval=0.5)
 
+        # drift 4 and 5 reach the keyed topic through stage 1's transactions, and may come
+        # after the job's observations: wait for their decisions too
+        async def suppressed() -> bool:
+            decisions = await read_decisions(kafka_bootstrap, topics["audit"])
+            return any(d["outcome"] == "suppress" for d in decisions)
+
+        await wait_for(suppressed, what="the decision on drift 5", timeout=60, interval=0.5)
+
     out = await read_topic(kafka_bootstrap, topics["out"])
     outcomes = [d["outcome"] for d in await read_decisions(kafka_bootstrap, topics["audit"])]
     assert outcomes.count("launch") == 1

@@ -16,6 +16,7 @@ from kafka import KafkaAdminClient
 
 from handlers.codec import EncodingMode, KafkaRecord, RecordInfo, decode_record
 from handlers.dead_letters import original_headers, read_reason
+from handlers.input_batches import intake_group_id
 from handlers.intake import Intake, build_intake
 from handlers.publishing import KafkaEventPublisher
 from orchestrator.clock import FixedClock
@@ -148,12 +149,13 @@ async def test_every_bad_record_lands_in_the_dlq_untouched_with_its_code_and_the
         handled.append(event)
 
     await produce(kafka_bootstrap, topic, records)
-    async with running(settings_for(kafka_bootstrap, topic, dlq, group), sink) as intake:
+    settings = settings_for(kafka_bootstrap, topic, dlq, group)
+    async with running(settings, sink) as intake:
         await until(
             lambda: intake.stats.received == len(records) and len(handled) == 10,
             what="every record to have an outcome",
         )
-        await wait_committed(kafka_bootstrap, group, topic, len(records))
+        await wait_committed(kafka_bootstrap, intake_group_id(settings.kafka), topic, len(records))
     letters = await read_all(kafka_bootstrap, dlq, len(corpus))
 
     assert len(letters) == len(corpus)

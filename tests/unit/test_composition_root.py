@@ -49,14 +49,16 @@ def settings(**worker: Any) -> Settings:
     return Settings(kafka=KafkaSettings(group_id="root-test"), worker=WorkerSettings(**worker))
 
 
-def test_the_intake_agents_and_the_worker_tables_share_one_app(rules: Path) -> None:
+def test_the_intake_stages_and_the_worker_tables_share_one_app(rules: Path) -> None:
     clock = FixedClock(at(0))
     worker = build_worker(settings(rules=(rules,)), backend=InMemoryBackend(clock), clock=clock)
 
     assert worker.intake.app is worker.app
-    assert {"tuneloop-intake", "tuneloop-keyed"} <= {
-        agent.name for agent in worker.app.agents.values()
-    }
+    agents = {agent.name for agent in worker.app.agents.values()}
+    # stage 1 reads the input topics itself, as a service the App starts and stops
+    assert "tuneloop-keyed" in agents
+    assert "tuneloop-intake" not in agents
+    assert worker.intake.input_batches in worker.app._extra_services
     assert {"tuneloop-rule-state", "tuneloop-jobs", "tuneloop-seen"} <= set(worker.app.tables)
     assert worker.orchestrator.rules.rules[0].name == "drift-retrain"
 

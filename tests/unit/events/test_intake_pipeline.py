@@ -1,7 +1,8 @@
 """The intake's per-message logic without a broker: forwarding, dedup, the sink's errors.
 
-The agents only iterate and call `_Pipeline`; here the topics are recording fakes and the
-seen-table a dict, so each outcome is checked directly. The real broker path is in
+Stage 1's reader and the keyed agent only iterate and call `_Pipeline`; here what stage 1
+would send and what stage 2 dead-letters are recorded by stand-ins, and the seen-table is a
+dict, so each outcome is checked directly. The real broker path is in
 tests/integration/test_intake.py.
 """
 
@@ -15,7 +16,7 @@ import pytest
 
 from handlers.codec import RecordInfo
 from handlers.dedup import SeenEvents
-from handlers.intake import _Pipeline, route_by_partitionkey
+from handlers.intake import _Pipeline, _record_of, route_by_partitionkey
 from orchestrator.errors import InvalidEventError, TransientBackendError
 from orchestrator.rules.state import InputPosition
 from orchestrator.settings import KafkaSettings
@@ -58,7 +59,7 @@ def pipeline(sink, **settings: Any) -> tuple[_Pipeline, RecordingTopic, Recordin
             sink=sink,
             now=lambda: NOW,
             seen=SeenEvents({}, ttl_seconds=3600, max_entries=100),
-            keyed=keyed,
+            keyed_topic=KEYED,
             dlq=dlq,
         ),
         keyed,
@@ -66,10 +67,18 @@ def pipeline(sink, **settings: Any) -> tuple[_Pipeline, RecordingTopic, Recordin
     )
 
 
+KEYED = "keyed"
+
+
 async def pass_through(stage: _Pipeline, keyed: RecordingTopic, raw) -> None:
-    """Stage 1 on *raw*, then stage 2 on every record it forwarded."""
+    """Stage 1 on *raw* (its sends recorded by topic, then counted as committed), then
+    stage 2 on every record it forwarded."""
     before = len(keyed.sent)
-    await stage.take_raw(raw)
+    outcome = stage.sort_raw(*_record_of(raw))
+    for send in outcome.sends:
+        target = keyed if send.topic == KEYED else stage.dlq
+        await target.send(key=send.key, value=send.value, headers=list(send.headers))
+    stage.count([outcome])
     for forwarded in keyed.sent[before:]:
         await stage.take_keyed(
             message(forwarded["value"], forwarded["headers"], key=forwarded["key"], topic="keyed")
@@ -88,6 +97,23 @@ async def test_a_valid_event_reaches_the_sink_under_its_key_with_its_origin() ->
     )
     assert calls == [("chat", "a", "in", 7)]
     assert dlq.sent == []
+
+
+def test_stage_one_decides_what_to_send_and_counts_nothing_until_its_batch_is_committed() -> None:
+    async def sink(key, event, info):
+        raise AssertionError("stage 1 never calls the sink")
+
+    stage, _, _ = pipeline(sink, topic_dlq="dead")
+    good = stage.sort_raw(*_record_of(message(DATA, binary_headers(ce_partitionkey="chat"))))
+    bad = stage.sort_raw(*_record_of(message(b"{", binary_headers(), offset=3)))
+
+    assert [(send.topic, send.key) for send in good.sends] == [(KEYED, b"chat")]
+    ((topic, code),) = [(s.topic, dict(s.headers)["tuneloop-error-code"]) for s in bad.sends]
+    assert (topic, code) == ("dead", b"data.invalid_json")  # docs/dead-letters.md
+    assert (stage.stats.received, stage.stats.forwarded) == (0, 0)
+    stage.count([good, bad])
+    assert (stage.stats.received, stage.stats.forwarded) == (2, 1)
+    assert dict(stage.stats.dead_lettered) == {"data.invalid_json": 1}
 
 
 async def test_the_sink_learns_where_the_input_record_sits_for_the_rule_engine() -> None:
