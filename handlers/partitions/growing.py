@@ -17,8 +17,9 @@ topics have the new count, each entry onto the partition its rule key hashes to 
    offset to the end) onto the new keyed topic, by the same partitioner, each partition's
    first one twice: a guard copy at offset 0, then the record (see below);
 5. commit offsets to the new group: the input topics' of `<old>-intake` if it has any (stage 1
-   in its own group), else those of `<old>`; and 1 on each keyed partition that holds records,
-   past the guard copy.
+   in its own group), else those of `<old>`, to both `<new>-intake` (where stage 1 reads them)
+   and `<new>` (where a worker whose stage 1 read the input through faust read them); and 1
+   on each keyed partition that holds records, past the guard copy.
 
 Why the guard copy: a worker whose group has a record waiting at offset 0 of a keyed
 partition when it starts, with a committed offset of 0 or none, was seen to drop that record
@@ -43,6 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from faust.serializers import codecs
 
+from handlers.input_batches import intake_group_id
 from handlers.intake import keyed_topic_name
 from handlers.partitions.cluster import Cluster, NewInternalTopic, TopicShape
 from handlers.partitions.entries import (
@@ -56,9 +58,6 @@ from handlers.publishing import aiokafka_options
 from orchestrator.errors import ConfigError
 from orchestrator.settings import KafkaSettings
 
-INTAKE_GROUP_SUFFIX = "-intake"
-"""Stage 1's own consumer group is `<group>-intake` (when it reads the input outside faust);
-before that, the faust group `<group>` commits the input offsets itself."""
 COMMIT_MARK = "tuneloop partitions grow"
 """The metadata of the offsets this command commits: any other commit on the new keyed topic
 is a worker's, so the new group ran."""
@@ -128,8 +127,8 @@ async def grow(kafka: KafkaSettings, *, to_group: str, partitions: int, say: Say
         raise ConfigError(f"--to-group must name a new group, not {to_group!r}")
     if partitions <= 0:
         raise ConfigError(f"--partitions must be positive, not {partitions}")
-    old_keyed = keyed_topic_name(kafka)
-    new_keyed = keyed_topic_name(replace(kafka, group_id=to_group))
+    new_kafka = replace(kafka, group_id=to_group, internal_partitions=partitions)
+    old_keyed, new_keyed = keyed_topic_name(kafka), keyed_topic_name(new_kafka)
     async with Cluster(kafka) as cluster, _Clients(kafka) as clients:
         topics = await cluster.topics()
         if old_keyed not in topics:
@@ -139,12 +138,12 @@ async def grow(kafka: KafkaSettings, *, to_group: str, partitions: int, say: Say
             )
         move = _Move(old, to_group, old_keyed, new_keyed, topics[old_keyed].partitions, partitions)
         layouts = _tables_of(old, topics)
-        await _refuse_running(cluster, move)
+        await _refuse_running(cluster, move, kafka, new_kafka)
         wanted = _new_topics(topics, move, layouts)
         for topic in (old_keyed, *(layout.changelog(old) for layout in layouts)):
             await clients.refuse_open_transaction(topic, topics[topic].partitions)
         committed_old = await cluster.committed(old)
-        committed_intake = await cluster.committed(old + INTAKE_GROUP_SUFFIX)
+        committed_intake = await cluster.committed(intake_group_id(kafka))
 
         created = await cluster.create(wanted)
         say(
@@ -163,8 +162,9 @@ async def grow(kafka: KafkaSettings, *, to_group: str, partitions: int, say: Say
             copies.append(copy)
         pending, reforwarded, keyed_starts = await _reforward(clients, move, committed_old)
         say(f"keyed records not yet handled: {pending}, {reforwarded} re-forwarded")
-        source, offsets = _input_offsets(kafka, committed_intake, committed_old)
+        source, offsets = carried_input_offsets(kafka, committed_intake, committed_old)
         await clients.commit(to_group, {**offsets, **keyed_starts})
+        await clients.commit(intake_group_id(new_kafka), offsets)
         say(
             f"input offsets: {len(offsets)} partitions copied from group {source}"
             if source
@@ -188,9 +188,11 @@ def _tables_of(group: str, topics: Mapping[str, TopicShape]) -> list[TableLayout
     return [layout_of(name) for name in names]
 
 
-async def _refuse_running(cluster: Cluster, move: _Move) -> None:
+async def _refuse_running(
+    cluster: Cluster, move: _Move, kafka: KafkaSettings, new_kafka: KafkaSettings
+) -> None:
     old, new = move.old, move.new
-    for group in (old, old + INTAKE_GROUP_SUFFIX, new, new + INTAKE_GROUP_SUFFIX):
+    for group in (old, intake_group_id(kafka), new, intake_group_id(new_kafka)):
         members = await cluster.members(group)
         if members:
             raise ConfigError(
@@ -323,15 +325,19 @@ def _identity(record: Any) -> tuple[Any, ...]:
     return (record.key, record.value, tuple((n, bytes(v or b"")) for n, v in record.headers))
 
 
-def _input_offsets(
+def carried_input_offsets(
     kafka: KafkaSettings,
     intake: Mapping[TopicPartition, int],
     faust_group: Mapping[TopicPartition, int],
 ) -> tuple[str | None, dict[TopicPartition, int]]:
-    """The input topics' committed offsets to carry over, and the group they come from."""
+    """The input topics' committed offsets to carry over, and the group they come from. Pure.
+
+    Stage 1's own group (`<group>-intake`) if it committed any on the input topics: its
+    offsets are the current ones once stage 1 reads outside faust, and the faust group's are
+    then where an earlier version stopped. Else the faust group `<group>`'s."""
     inputs = set(kafka.topics_in)
     for group, offsets in (
-        (kafka.group_id + INTAKE_GROUP_SUFFIX, intake),
+        (intake_group_id(kafka), intake),
         (kafka.group_id, faust_group),
     ):
         chosen = {tp: offset for tp, offset in offsets.items() if tp.topic in inputs}

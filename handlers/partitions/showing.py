@@ -7,10 +7,10 @@ and whether the workers are stopped before a migration.
 
 from __future__ import annotations
 
+from handlers.input_batches import intake_group_id
 from handlers.intake import keyed_topic_name
 from handlers.partitions.cluster import Cluster
 from handlers.partitions.entries import table_of_changelog
-from handlers.partitions.growing import INTAKE_GROUP_SUFFIX
 from orchestrator.settings import KafkaSettings
 
 
@@ -20,9 +20,7 @@ async def describe(kafka: KafkaSettings) -> list[str]:
     keyed = keyed_topic_name(kafka)
     async with Cluster(kafka) as cluster:
         topics = await cluster.topics()
-        members = {
-            name: await cluster.members(name) for name in (group, group + INTAKE_GROUP_SUFFIX)
-        }
+        members = {name: await cluster.members(name) for name in (group, intake_group_id(kafka))}
     internal = sorted(
         name for name in topics if name == keyed or table_of_changelog(group, name) is not None
     )
