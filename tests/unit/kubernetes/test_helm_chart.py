@@ -142,6 +142,16 @@ def _env(deployment):
     return {item["name"]: item for item in container["env"]}
 
 
+def test_a_grown_group_and_its_partition_count_reach_the_worker():
+    # docs/partitions.md: after `tuneloop partitions grow`, the workers start in the new group
+    objects = render("--set", "kafka.groupId=tuneloop-16", "--set", "kafka.internalPartitions=16")
+    env = _env(objects["Deployment/rel-tuneloop"])
+    assert env["TUNELOOP_KAFKA_GROUP_ID"]["value"] == "tuneloop-16"
+    assert env["TUNELOOP_KAFKA_INTERNAL_PARTITIONS"]["value"] == "16"
+    default = _env(render()["Deployment/rel-tuneloop"])
+    assert default["TUNELOOP_KAFKA_INTERNAL_PARTITIONS"]["value"] == "8"
+
+
 def test_kafka_credentials_are_secret_references_only():
     deployment = render(*SASL)["Deployment/rel-tuneloop"]
     env = _env(deployment)
