@@ -263,8 +263,9 @@ class KafkaSettings:
     internal_partitions: int = 8
     """Partitions of tuneloop's internal topics (the repartition topic keyed by rule key,
     changelogs). Default 8, faust's own default; it bounds how many workers share the work,
-    and how many keys a worker handles side by side (launches in flight at once); it cannot
-    be changed once the topics exist."""
+    and how many keys a worker handles side by side (launches in flight at once). A group's
+    count is fixed once its topics exist (`tuneloop run` refuses another); grow it under a new
+    group with `tuneloop partitions grow` (docs/partitions.md)."""
 
     security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
     """`PLAINTEXT`, `SSL` (TLS, mTLS with a client certificate), `SASL_PLAINTEXT` or

@@ -32,10 +32,10 @@ def changed_partitions(kafka: KafkaSettings, topics: dict[str, TopicShape]) -> s
     """Why *kafka*'s group may not start on *topics* (every topic of the cluster), or None.
     Pure: the group's internal topics that exist must all have `internal_partitions`."""
     group = kafka.group_id
+    keyed = keyed_topic_name(kafka)
     internal = sorted(
-        name
-        for name in topics
-        if name == keyed_topic_name(kafka) or table_of_changelog(group, name) is not None
+        (name for name in topics if name == keyed or table_of_changelog(group, name) is not None),
+        key=lambda name: (name != keyed, name),  # the keyed topic first
     )
     wrong = [name for name in internal if topics[name].partitions != kafka.internal_partitions]
     if not wrong:

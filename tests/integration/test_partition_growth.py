@@ -4,13 +4,15 @@ moves it to group B with 4; a worker of B goes on where A stopped.
 
 The workers run in this process with the in-memory backend (each group its own, so that a
 launch B should not make is seen as one); the commands run as an operator runs them, as
-`tuneloop` processes with the settings in their environment.
+`tuneloop` processes with the settings in their environment, and are the page's own: its
+`tuneloop partitions ...` lines, with this test's group and count in place of the page's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
 import uuid
@@ -39,10 +41,12 @@ from tests.fixtures.worker import (
     worker_settings,
     worker_topics,
 )
+from tests.unit.test_docs_code_blocks import fenced
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "partitions.md"
 GROWN = 4
 RULES = """
 runtimes: [torch-distributed]
@@ -159,6 +163,17 @@ def tuneloop(*args: str, environment: dict[str, str]) -> subprocess.CompletedPro
     )
 
 
+def documented(command: str, **replacing: str) -> list[str]:
+    """The arguments of the page's `tuneloop <command>` line (in a bash block), each word that
+    is a key of *replacing* replaced by its value."""
+    for language, body, _ in fenced(PAGE.read_text(encoding="utf-8")):
+        for line in body.splitlines() if language == "bash" else ():
+            words = shlex.split(line)
+            if words[: len(command.split()) + 1] == ["tuneloop", *command.split()]:
+                return [replacing.get(word, word) for word in words[1:]]
+    raise AssertionError(f"docs/partitions.md has no `tuneloop {command}` line")
+
+
 def kafka_environment(settings: Settings) -> dict[str, str]:
     kafka = settings.kafka
     return {
@@ -243,8 +258,16 @@ async def test_a_group_grown_to_more_partitions_keeps_its_state_and_goes_on_wher
     assert "tuneloop partitions grow --to-group NEW --partitions 4" in changed.stderr
     assert "docs/partitions.md" in changed.stderr
 
-    # The documented migration, twice: the second run finds everything in place.
-    grow = ("partitions", "grow", "--to-group", group_b, "--partitions", "4")
+    # The page's steps: look at the group, then move it, twice: the second run finds
+    # everything in place.
+    shown = await asyncio.to_thread(
+        tuneloop, *documented("partitions show"), environment=environment
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"{keyed_a}: 2 partitions" in shown.stdout
+    assert f"members of {group_a}: 0" in shown.stdout
+    grow = documented("partitions grow", **{"tuneloop-16": group_b, "16": str(GROWN)})
+    assert grow == ["partitions", "grow", "--to-group", group_b, "--partitions", "4"]
     first = await asyncio.to_thread(tuneloop, *grow, environment=environment)
     assert first.returncode == 0, first.stderr
     assert "table tuneloop-rule-state: 3 keys, 3 written, 0 deleted, 0 not placed" in first.stdout
