@@ -19,7 +19,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
-    KafkaError,
     NotCoordinatorError,
     TopicAlreadyExistsError,
     for_code,
@@ -137,6 +136,3 @@ class Cluster:
                 if asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(0.5)
-
-
-__all__ = ["Cluster", "KafkaError", "NewInternalTopic", "TopicPartition", "TopicShape"]

@@ -138,7 +138,7 @@ async def grow(kafka: KafkaSettings, *, to_group: str, partitions: int, say: Say
                 "there is nothing to move; start the workers with the new group and count"
             )
         move = _Move(old, to_group, old_keyed, new_keyed, topics[old_keyed].partitions, partitions)
-        layouts = _tables_of(old, topics)
+        layouts = _tables_of(old, topics, move.old_count)
         await _refuse_running(cluster, move, kafka, new_kafka)
         wanted = _new_topics(topics, move, layouts)
         for topic in (old_keyed, *(layout.changelog(old) for layout in layouts)):
@@ -184,9 +184,26 @@ async def grow(kafka: KafkaSettings, *, to_group: str, partitions: int, say: Say
     )
 
 
-def _tables_of(group: str, topics: Mapping[str, TopicShape]) -> list[TableLayout]:
+def _tables_of(group: str, topics: Mapping[str, TopicShape], count: int) -> list[TableLayout]:
+    """The layouts of the Tables whose changelogs *group* has, all of *count* partitions.
+
+    Raises:
+        ConfigError: a Table is unknown, or a changelog has another count than the keyed
+            topic (the group mixes partitionings: nothing can be placed with certainty).
+    """
     names = sorted(filter(None, (table_of_changelog(group, name) for name in topics)))
-    return [layout_of(name) for name in names]
+    layouts = [layout_of(name) for name in names]
+    mixed = [
+        f"{layout.changelog(group)} has {topics[layout.changelog(group)].partitions}"
+        for layout in layouts
+        if topics[layout.changelog(group)].partitions != count
+    ]
+    if mixed:
+        raise ConfigError(
+            f"group {group!r} mixes partition counts: its keyed topic has {count}, "
+            f"{', '.join(mixed)}; its entries can't be placed"
+        )
+    return layouts
 
 
 async def _refuse_running(

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 
 import structlog
+from aiokafka.errors import KafkaError
 
 from handlers.intake import keyed_topic_name
-from handlers.partitions.cluster import Cluster, KafkaError, TopicShape
+from handlers.partitions.cluster import Cluster, TopicShape
 from handlers.partitions.entries import table_of_changelog
 from orchestrator.errors import ConfigError
 from orchestrator.settings import KafkaSettings

@@ -322,3 +322,8 @@ async def test_a_group_grown_to_more_partitions_keeps_its_state_and_goes_on_wher
     assert backend_b.launch_calls == 2
     assert stats.received == 3  # only what came while no worker ran: not re-read from the start
     assert stats.duplicates == 1  # d-m1, handled by A
+
+    # Once B ran, its state is newer than A's: moving A again is refused.
+    late = await asyncio.to_thread(tuneloop, *grow, environment=environment)
+    assert late.returncode == 1
+    assert f"group '{group_b}' already ran" in late.stderr
