@@ -231,10 +231,23 @@ async def test_a_stage_one_stopped_in_the_middle_of_a_batch_leaves_no_second_dea
 
     async with running(settings, sink) as crashed:
         batches = crashed.input_batches
-        await until(
-            lambda: crashed.stats.received >= 60 and batches.transaction_open,
-            what="a batch's transaction to be open in the middle of the corpus",
-        )
+        await until(lambda: batches._producer is not None, what="stage 1's producer")
+        # The crash point, made certain: once a third of the corpus is committed, the next
+        # batch's commit never comes, as in a worker killed after its dead letters were sent
+        # (polling for an open transaction instead missed its few milliseconds in most runs).
+        producer = batches._producer
+        commit = producer.commit_transaction
+        held = asyncio.Event()
+
+        async def commit_unless_killed() -> None:
+            if crashed.stats.received >= 60:
+                held.set()
+                await asyncio.Event().wait()
+            await commit()
+
+        producer.commit_transaction = commit_unless_killed
+        await until(held.is_set, what="a batch's commit in the middle of the corpus")
+        assert batches.transaction_open
         await batches.abandon()  # as kill -9 would: no abort, no commit
     async with running(settings, sink, slow=False) as restarted:
         await until(
