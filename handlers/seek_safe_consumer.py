@@ -33,6 +33,14 @@ The mend, in two parts:
   committed offsets once more, because it cannot tell whether the fetch that returned the
   batch ran before the seek (the records come again anyway) or after it (they would not).
 
+- Seeking "to the committed offsets" puts a stream partition with none committed, or 0, back
+  at its start. aiokafka 0.14's `seek_to_committed` seeks only to an offset above 0 and leaves
+  the others where the fetcher is. So a batch abandoned on such a partition was never read
+  again: a fresh group's first records, already fetched, were lost for good (seen: a worker
+  started beside `tuneloop emit` on a new broker handled none of its first 3 events; the
+  consumer's position was 5 of 5 on the keyed partition, nothing handed over; also the
+  "record waiting at offset 0" that `tuneloop partitions grow` guards against).
+
 A record read twice is at-least-once delivery, which the intake already absorbs: the seen-set
 skips the second copy (see docs/guarantees.md).
 
@@ -41,12 +49,19 @@ not faust's hard-coded 1,500 ms. Stage 1 writes the keyed topic in transactions,
 that reached the end of one transaction was held by the broker for up to that long although
 the next transaction's records were already there (seen: the keyed agent stood still 1.28 s
 after the first 500 of 3,000 events, intake bench 1,070 events/s; 2,260/s with 100 ms).
+
+And one for stopping: the final commit of a stopping consumer gives up after
+`FINAL_COMMIT_SECONDS`. aiokafka retries a commit until the group's coordinator answers, so
+with the broker gone a worker never finished stopping (seen: the getting-started page stops
+its worker and its broker together, and the worker hung at SIGTERM for good). What it could
+not commit is read again by the next worker, which the seen-set absorbs. The consumer thread's
+stop also survives an aiokafka slip in that state (`_PromptFetchThread.on_thread_stop`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, cast
 
 import faust
@@ -63,6 +78,9 @@ faust's diff of `faust/transport/consumer.py` and mending this copy first."""
 
 FETCH_MAX_WAIT_MS = 100
 """The longest a fetch of the worker's faust consumer waits for records (module docstring)."""
+
+FINAL_COMMIT_SECONDS = 10.0
+"""The longest a stopping consumer waits for its final commit (module docstring)."""
 
 YIELD_EVERY = 100
 """Records handed over between two forced returns to the event loop (as faust does)."""
@@ -87,6 +105,33 @@ class SeekSafeConsumer(AIOKafkaConsumer):
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return _PromptFetchThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def on_stop(self) -> None:
+        try:
+            async with asyncio.timeout(FINAL_COMMIT_SECONDS):
+                await super().on_stop()  # commits what the streams acknowledged
+        except TimeoutError:
+            self.log.warning(
+                "Final commit gave up after %.0f s (broker unreachable?): "
+                "the next worker reads those records again",
+                FINAL_COMMIT_SECONDS,
+            )
+            cast(Any, self.transport)._topic_waiters.clear()  # as faust's on_stop ends
+
+    async def seek_to_committed(self) -> Mapping[Any, int]:
+        committed = await super().seek_to_committed()
+        # mended: aiokafka seeks only where more than 0 is committed (module docstring); a
+        # stream partition with 0 or nothing committed goes back to its start, as a fresh
+        # group's `auto_offset_reset="earliest"` would read it
+        topics = self.app.topics
+        from_start = [
+            tp
+            for tp, offset in committed.items()
+            if not offset and topics.acks_enabled_for(tp.topic)
+        ]
+        if from_start:
+            await cast(Any, self)._thread.seek_to_beginning(*from_start)
+        return committed
 
     async def perform_seek(self) -> None:
         # Stop handing records over first: faust's callers resume the flow only after flow
@@ -189,3 +234,18 @@ class _PromptFetchThread(AIOKafkaConsumerThread):
         # attribute when start() builds the fetcher, which comes after this.
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
         return consumer
+
+    async def on_thread_stop(self) -> None:
+        try:
+            await super().on_thread_stop()
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this stop itself was cancelled
+            # aiokafka 0.14's Fetcher.close awaits the fetch requests it cancels without
+            # catching their CancelledError (seen with the broker gone). It escaped this stop,
+            # the thread never said it had stopped, and mode waited out its 60 s stop timeout.
+            # The consumer had left its group and closed its fetcher; its client is left.
+            consumer = cast(Any, self)._consumer
+            if consumer is not None:
+                await consumer._client.close()

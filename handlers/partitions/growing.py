@@ -23,11 +23,14 @@ topics have the new count, each entry onto the partition its rule key hashes to 
 
 Why the guard copy: a worker whose new group had a record waiting at offset 0 of a keyed
 partition when it started, with 0 (or nothing) committed there, dropped that record and later
-committed past it in 8 runs of 18 (faust 0.15.3 keeps a committed offset of 0 as "none",
-`Consumer.perform_seek`; the root cause is not pinned down). With the record at offset 1 and 1
-committed it was handled in 15 runs of 15. The copy at offset 0 is never read while that
-offset stands; were it read (the group's offsets expired), it is handled and the record after
-it is a duplicate the seen-set skips.
+committed past it in 8 runs of 18. With the record at offset 1 and 1 committed it was handled
+in 15 runs of 15. The cause was found later: aiokafka's seek to the committed offsets leaves a
+partition with 0 or nothing committed where it is, so a batch the seek-safe consumer abandoned
+there was never read again; `SeekSafeConsumer.seek_to_committed` now seeks such a partition to
+its start. The guard copy stays, as a second line for groups moved by older workers.
+
+The copy at offset 0 is never read while that offset stands; were it read (the group's offsets
+expired), it is handled and the record after it is a duplicate the seen-set skips.
 
 Run twice, it writes nothing new: a value already the latest in a new changelog, or a keyed
 record already on the new topic, is not written again, and a key of a new changelog that the

@@ -135,3 +135,39 @@ async def test_a_record_behind_the_read_offset_is_not_handed_over_again(consumer
     consumer._read_offset[PARTITION] = 8
     assert await consumer._hand_over(PARTITION, record(7), consumer.seeks)
     assert handed == []
+
+
+class ConsumerThreadStandIn:
+    """Stands in for faust's consumer thread (and the broker behind it): the committed offsets
+    its aiokafka consumer reports, and the partitions sent back to their start."""
+
+    def __init__(self, committed: dict[TP, int | None]) -> None:
+        self.committed = committed
+        self.sent_to_start: list[TP] = []
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        return self.committed
+
+    async def seek_to_beginning(self, *partitions: TP) -> None:
+        self.sent_to_start.extend(partitions)
+
+
+async def test_a_stream_partition_with_nothing_or_zero_committed_is_read_again_from_its_start() -> (
+    None
+):
+    # aiokafka seeks only where more than 0 is committed; a batch abandoned on such a partition
+    # was never read again (a fresh group's first records lost)
+    app = faust.App("seek-safe-start", broker="kafka://127.0.0.1:1", web_enabled=False)
+    use_seek_safe_consumer(app)
+    consumer: Any = app.consumer
+    nothing, zero, five, changelog = TP("in", 0), TP("in", 1), TP("in", 2), TP("changelog", 0)
+    thread = ConsumerThreadStandIn({nothing: None, zero: 0, five: 5, changelog: None})
+    consumer._thread = thread
+    app.topics.acks_enabled_for = lambda topic: topic == "in"  # type: ignore[method-assign]
+
+    await consumer.perform_seek()
+
+    assert sorted(thread.sent_to_start) == [nothing, zero]  # not a table's changelog
+    assert consumer._read_offset[nothing] is None
+    assert consumer._read_offset[zero] == 0
+    assert consumer._read_offset[five] == 5
