@@ -146,8 +146,9 @@ async def test_a_launch_shows_its_job_progress_and_completion(
     )
     assert "Failed" not in body, f"the job failed: see its folder under {tmp_path}/jobs"
     await browser.screenshot(tmp_path, "dashboard-job-running")
-    body = await browser.wait_for_text("Succeeded", "eval_loss", timeout=180)
-    assert ".completed" in body  # the link to the completion event
+    # The phase and metrics come from the backend's observation, the completion event's link
+    # from the output topic a moment later (seen in CI: the page between the two).
+    await browser.wait_for_text("Succeeded", "eval_loss", ".completed", timeout=180)
     await browser.screenshot(tmp_path, "dashboard-jobs")
 
     await browser.open(served.url + "/dashboard/rules")
