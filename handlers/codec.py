@@ -37,7 +37,7 @@ import enum
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator import event_json
@@ -112,6 +112,30 @@ class RecordInfo:
         if self.partition < 0 or self.offset < 0:
             return None
         return InputPosition(f"{self.topic}/{self.partition}", self.offset)
+
+
+def consumed(message: Any, *, timestamp_seconds: float | None) -> tuple[KafkaRecord, RecordInfo]:
+    """A consumed Kafka message as the codec's record and where it was read.
+
+    aiokafka's `ConsumerRecord` and faust's `Message` name these fields alike, but give the
+    timestamp in milliseconds and in seconds: the caller passes it in seconds."""
+    record = KafkaRecord(
+        value=message.value,
+        headers=tuple((name, bytes(value or b"")) for name, value in message.headers or ()),
+        key=message.key,
+    )
+    origin = RecordInfo(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        timestamp=(
+            datetime.fromtimestamp(timestamp_seconds, UTC)
+            if timestamp_seconds is not None
+            else None
+        ),
+        key=message.key,
+    )
+    return record, origin
 
 
 def is_json_content_type(content_type: str | None) -> bool:

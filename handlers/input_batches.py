@@ -45,14 +45,13 @@ import secrets
 import socket
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from mode import Service
 
-from handlers.codec import Headers, KafkaRecord, RecordInfo
+from handlers.codec import Headers, KafkaRecord, RecordInfo, consumed
 from handlers.input_positions import committed_positions
 from handlers.publishing import aiokafka_options
 from orchestrator.settings import KafkaSettings
@@ -294,9 +293,7 @@ class InputBatches(Service):
     async def _commit(self, batches: dict[Any, list[Any]]) -> None:
         """One transaction: every record's sends, then the batch's offsets, then commit."""
         outcomes = [
-            self.sort(*_record_and_origin(message))
-            for messages in batches.values()
-            for message in messages
+            self.sort(*_consumed(message)) for messages in batches.values() for message in messages
         ]
         producer = self._producer
         step = "sending"
@@ -445,23 +442,6 @@ class _Rebalances(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._reader.partitions_assigned(assigned)
 
 
-def _record_and_origin(message: Any) -> tuple[KafkaRecord, RecordInfo]:
-    """An aiokafka `ConsumerRecord` as the codec's record and where it was read."""
-    timestamp = (
-        datetime.fromtimestamp(message.timestamp / 1000, UTC)
-        if message.timestamp is not None
-        else None
-    )
-    record = KafkaRecord(
-        value=message.value,
-        headers=tuple((name, bytes(value or b"")) for name, value in message.headers or ()),
-        key=message.key,
-    )
-    origin = RecordInfo(
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        timestamp=timestamp,
-        key=message.key,
-    )
-    return record, origin
+def _consumed(message: Any) -> tuple[KafkaRecord, RecordInfo]:
+    stamp = message.timestamp  # aiokafka's, in milliseconds
+    return consumed(message, timestamp_seconds=None if stamp is None else stamp / 1000)

@@ -44,7 +44,7 @@ from typing import Any, cast
 import faust
 import structlog
 
-from handlers.codec import Headers, KafkaRecord, RecordInfo, decode_record
+from handlers.codec import Headers, KafkaRecord, RecordInfo, consumed, decode_record
 from handlers.dead_letters import dead_letter_record
 from handlers.dedup import SEEN_TABLE, SeenEvents, seen_key
 from handlers.faust_app import new_app, raw_topic
@@ -385,7 +385,7 @@ class _Pipeline:
             event = decode_record(record, max_event_bytes=len(record.value or b""))[index]
         except Exception as exc:  # the intake admitted it, so this is a bug of ours
             log.exception("keyed_decode_failed", key=key)
-            record, origin = _record_of(message)
+            record, origin = consumed(message, timestamp_seconds=message.timestamp)
             await self.dead_letter(record, origin, Rejection.INTAKE_FAILED, repr(exc))
             return
         entry = seen_key(key, event.identity)
@@ -447,25 +447,6 @@ class _ProducerTopic:
 
     async def send(self, *, key: bytes | None, value: bytes | None, headers: list[Any]) -> None:
         await self._app.producer.send(self._name, key, value, None, None, headers)
-
-
-def _record_of(message: Any) -> tuple[KafkaRecord, RecordInfo]:
-    timestamp = (
-        datetime.fromtimestamp(message.timestamp, UTC) if message.timestamp is not None else None
-    )
-    record = KafkaRecord(
-        value=message.value,
-        headers=tuple((name, bytes(value or b"")) for name, value in message.headers or ()),
-        key=message.key,
-    )
-    origin = RecordInfo(
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        timestamp=timestamp,
-        key=message.key,
-    )
-    return record, origin
 
 
 def _forward_block(origin: RecordInfo, index: int) -> Headers:

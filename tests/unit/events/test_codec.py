@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from handlers.codec import (
     EncodingMode,
     KafkaRecord,
+    consumed,
     decode_record,
     encode_batch,
     encode_event,
@@ -356,3 +357,20 @@ def test_rfc3339_accepts_lower_case_separators_and_nanoseconds() -> None:
     assert parse_rfc3339("2026-01-02t03:04:05.123456789z") == datetime(
         2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC
     )
+
+
+def test_a_consumed_message_says_where_it_was_read_and_when_in_utc() -> None:
+    message = SimpleNamespace(
+        topic="in",
+        partition=2,
+        offset=41,
+        timestamp=1_700_000_000.25,
+        key=b"k",
+        value=b"{}",
+        headers=[("ce_id", b"1"), ("empty", None)],
+    )
+    record, origin = consumed(message, timestamp_seconds=message.timestamp)
+    assert record == KafkaRecord(value=b"{}", headers=(("ce_id", b"1"), ("empty", b"")), key=b"k")
+    assert (origin.topic, origin.partition, origin.offset, origin.key) == ("in", 2, 41, b"k")
+    assert origin.timestamp == datetime(2023, 11, 14, 22, 13, 20, 250000, tzinfo=UTC)
+    assert consumed(message, timestamp_seconds=None)[1].timestamp is None

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from handlers.codec import RecordInfo
+from handlers.codec import RecordInfo, consumed
 from handlers.dedup import SeenEvents
-from handlers.intake import _Pipeline, _record_of, route_by_partitionkey
+from handlers.intake import _Pipeline, route_by_partitionkey
 from orchestrator.errors import InvalidEventError, TransientBackendError
 from orchestrator.rules.state import InputPosition
 from orchestrator.settings import KafkaSettings
@@ -42,6 +42,10 @@ def message(value: bytes | None, headers, *, offset: int = 0, key: bytes | None 
         value=value,
         headers=list(headers),
     )
+
+
+def read(raw: SimpleNamespace) -> tuple[Any, Any]:
+    return consumed(raw, timestamp_seconds=raw.timestamp)
 
 
 DATA = b'{"model_id":"chat","metric":"psi","value":1,"threshold":0}'
@@ -74,7 +78,7 @@ async def pass_through(stage: _Pipeline, keyed: RecordingTopic, raw) -> None:
     """Stage 1 on *raw* (its sends recorded by topic, then counted as committed), then
     stage 2 on every record it forwarded."""
     before = len(keyed.sent)
-    outcome = stage.sort_raw(*_record_of(raw))
+    outcome = stage.sort_raw(*read(raw))
     for send in outcome.sends:
         target = keyed if send.topic == KEYED else stage.dlq
         await target.send(key=send.key, value=send.value, headers=list(send.headers))
@@ -104,8 +108,8 @@ def test_stage_one_decides_what_to_send_and_counts_nothing_until_its_batch_is_co
         raise AssertionError("stage 1 never calls the sink")
 
     stage, _, _ = pipeline(sink, topic_dlq="dead")
-    good = stage.sort_raw(*_record_of(message(DATA, binary_headers(ce_partitionkey="chat"))))
-    bad = stage.sort_raw(*_record_of(message(b"{", binary_headers(), offset=3)))
+    good = stage.sort_raw(*read(message(DATA, binary_headers(ce_partitionkey="chat"))))
+    bad = stage.sort_raw(*read(message(b"{", binary_headers(), offset=3)))
 
     assert [(send.topic, send.key) for send in good.sends] == [(KEYED, b"chat")]
     ((topic, code),) = [(s.topic, dict(s.headers)["tuneloop-error-code"]) for s in bad.sends]
