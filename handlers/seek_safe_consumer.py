@@ -21,7 +21,7 @@ as launches lost without a decision in the kill -9 soak; docs/guarantees.md has 
    offset for a transaction marker), so a record lost by 1 or 2 is also committed as done,
    and a restart does not bring it back.
 
-The mend, in two parts:
+The mend, in three parts:
 
 - `perform_seek` stops the consumer's flow before it seeks. Every caller in faust resumes the
   flow itself, after flow control (which empties the queues), so nothing is handed to a stream
