@@ -130,7 +130,14 @@ class SeekSafeConsumer(AIOKafkaConsumer):
             if not offset and topics.acks_enabled_for(tp.topic)
         ]
         if from_start:
-            await cast(Any, self)._thread.seek_to_beginning(*from_start)
+            # to the start's offset itself, not aiokafka's seek_to_beginning: that one leaves
+            # the partition with no position until its fetcher resolves the reset, and faust's
+            # livelock check, reading the position meanwhile, crashed the worker on aiokafka's
+            # `assert self._position is not None` (seen in CI: a worker restarted mid-sweep)
+            thread = cast(Any, self)._thread
+            starts = await thread.earliest_offsets(*from_start)
+            for tp in from_start:
+                thread.seek(tp, starts[tp])
         return committed
 
     async def perform_seek(self) -> None:

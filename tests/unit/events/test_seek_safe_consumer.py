@@ -139,17 +139,23 @@ async def test_a_record_behind_the_read_offset_is_not_handed_over_again(consumer
 
 class ConsumerThreadStandIn:
     """Stands in for faust's consumer thread (and the broker behind it): the committed offsets
-    its aiokafka consumer reports, and the partitions sent back to their start."""
+    and first offsets its aiokafka consumer reports, and the offsets it is sent to. It has no
+    `seek_to_beginning`, whose pending reset left a partition with no position, which
+    crashed faust's livelock check."""
 
-    def __init__(self, committed: dict[TP, int | None]) -> None:
+    def __init__(self, committed: dict[TP, int | None], first: dict[TP, int]) -> None:
         self.committed = committed
-        self.sent_to_start: list[TP] = []
+        self.first = first
+        self.sought: dict[TP, int] = {}
 
     async def seek_to_committed(self) -> dict[TP, int | None]:
         return self.committed
 
-    async def seek_to_beginning(self, *partitions: TP) -> None:
-        self.sent_to_start.extend(partitions)
+    async def earliest_offsets(self, *partitions: TP) -> dict[TP, int]:
+        return {tp: self.first[tp] for tp in partitions}
+
+    def seek(self, partition: TP, offset: int) -> None:
+        self.sought[partition] = offset
 
 
 async def test_a_stream_partition_with_nothing_or_zero_committed_is_read_again_from_its_start() -> (
@@ -161,13 +167,17 @@ async def test_a_stream_partition_with_nothing_or_zero_committed_is_read_again_f
     use_seek_safe_consumer(app)
     consumer: Any = app.consumer
     nothing, zero, five, changelog = TP("in", 0), TP("in", 1), TP("in", 2), TP("changelog", 0)
-    thread = ConsumerThreadStandIn({nothing: None, zero: 0, five: 5, changelog: None})
+    # retention has removed the first 3 records of the partition with nothing committed
+    thread = ConsumerThreadStandIn(
+        {nothing: None, zero: 0, five: 5, changelog: None},
+        first={nothing: 3, zero: 0, five: 0, changelog: 0},
+    )
     consumer._thread = thread
     app.topics.acks_enabled_for = lambda topic: topic == "in"  # type: ignore[method-assign]
 
     await consumer.perform_seek()
 
-    assert sorted(thread.sent_to_start) == [nothing, zero]  # not a table's changelog
+    assert thread.sought == {nothing: 3, zero: 0}  # not a table's changelog
     assert consumer._read_offset[nothing] is None
     assert consumer._read_offset[zero] == 0
     assert consumer._read_offset[five] == 5
