@@ -31,13 +31,10 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +42,8 @@ from typing import Self
 
 from devservices.kafka import cache_root, free_ports
 from devservices.processes import (
-    LOG_TAIL_LINES,
-    LocalServer,
-    ServiceProcess,
+    LoopbackServer,
+    answers_200,
     serve_until_interrupted,
 )
 from orchestrator.errors import ConfigError
@@ -228,7 +224,7 @@ def server_command(*, python: Path, work_dir: Path, port: int) -> list[str]:
     ]
 
 
-class LocalMlflowServer(LocalServer):
+class LocalMlflowServer(LoopbackServer):
     """One `mlflow server` on 127.0.0.1, its database and artifacts under *work_dir*.
 
     `stop()` then `start()` keeps the port, the runs and the registry: that is how the tests
@@ -244,28 +240,19 @@ class LocalMlflowServer(LocalServer):
         start_timeout: float = 180.0,
         stop_timeout: float = 15.0,
     ) -> None:
+        super().__init__(
+            "mlflow server",
+            work_dir=work_dir,
+            log_name="mlflow.log",
+            port=port or free_ports(1)[0],
+            start_timeout=start_timeout,
+            stop_timeout=stop_timeout,
+        )
         self.python = python
-        self.work_dir = work_dir
-        self.port = port or free_ports(1)[0]
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
-        self.last_start_seconds = 0.0
-        self._server = ServiceProcess("mlflow server", log_path=self.log_path)
 
     @property
     def tracking_uri(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / "mlflow.log"
-
-    @property
-    def running(self) -> bool:
-        return self._server.running
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return self._server.log_tail(lines)
 
     def start(self) -> Self:
         """Start the server and return once `/health` answers 200.
@@ -277,25 +264,14 @@ class LocalMlflowServer(LocalServer):
         if self.running:
             return self
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        self._server.launch(
+        return self._launch_and_await(
             server_command(python=self.python, work_dir=self.work_dir, port=self.port),
             env={**os.environ, **SERVER_ENVIRONMENT},
-        )
-        self._server.wait_until_ready(
-            lambda: is_healthy(self.tracking_uri),
+            ready=lambda: is_healthy(self.tracking_uri),
             awaited=f"answer {self.tracking_uri}/health",
-            started=started,
-            timeout=self.start_timeout,
             poll_seconds=0.5,
             error=MlflowStartError,
         )
-        self.last_start_seconds = time.monotonic() - started
-        return self
-
-    def stop(self) -> None:
-        """SIGTERM to the group, then SIGKILL after `stop_timeout`; a no-op when not running."""
-        self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -304,11 +280,7 @@ class LocalMlflowServer(LocalServer):
 
 def is_healthy(tracking_uri: str, *, timeout: float = 2.0) -> bool:
     """True when the server's `/health` answers 200 (it does once the database is ready)."""
-    try:
-        with urllib.request.urlopen(f"{tracking_uri}/health", timeout=timeout) as response:  # noqa: S310 - our own loopback URL
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return answers_200(f"{tracking_uri}/health", timeout=timeout)
 
 
 # --- choosing a server for a test run -----------------------------------------------------

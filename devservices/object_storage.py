@@ -27,7 +27,6 @@ import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,9 +40,7 @@ from typing import Self
 
 from devservices.kafka import cache_root, free_ports
 from devservices.processes import (
-    LOG_TAIL_LINES,
-    LocalServer,
-    ServiceProcess,
+    LoopbackServer,
     serve_until_interrupted,
 )
 from orchestrator.errors import ConfigError
@@ -162,7 +159,7 @@ def _java_executable() -> str:
     return _require_tool("java", "run the local S3 server (OpenJDK 17 or newer)")
 
 
-class LocalObjectStorage(LocalServer):
+class LocalObjectStorage(LoopbackServer):
     """One s3proxy process on 127.0.0.1, its buckets folders under `work_dir/data`.
 
     `stop()` then `start()` keeps the port and the objects: that is how the tests make an
@@ -178,13 +175,15 @@ class LocalObjectStorage(LocalServer):
         start_timeout: float = 60.0,
         stop_timeout: float = 15.0,
     ) -> None:
+        super().__init__(
+            "s3proxy",
+            work_dir=work_dir,
+            log_name="s3proxy.log",
+            port=port or free_ports(1)[0],
+            start_timeout=start_timeout,
+            stop_timeout=stop_timeout,
+        )
         self.jar = jar
-        self.work_dir = work_dir
-        self.port = port or free_ports(1)[0]
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
-        self.last_start_seconds = 0.0
-        self._server = ServiceProcess("s3proxy", log_path=self.log_path)
 
     @property
     def endpoint_url(self) -> str:
@@ -194,20 +193,9 @@ class LocalObjectStorage(LocalServer):
     def data_dir(self) -> Path:
         return self.work_dir / "data"
 
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / "s3proxy.log"
-
-    @property
-    def running(self) -> bool:
-        return self._server.running
-
     def create_bucket(self, name: str) -> None:
         """A bucket of the filesystem backend is a folder; this works stopped or running."""
         (self.data_dir / name).mkdir(parents=True, exist_ok=True)
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return self._server.log_tail(lines)
 
     def start(self) -> Self:
         """Start the server and return once it answers HTTP.
@@ -232,24 +220,13 @@ class LocalObjectStorage(LocalServer):
                 )
             )
         )
-        started = time.monotonic()
-        self._server.launch(
-            server_command(java=_java_executable(), jar=self.jar, properties=properties)
-        )
-        self._server.wait_until_ready(
-            lambda: answers_http(self.endpoint_url),
+        return self._launch_and_await(
+            server_command(java=_java_executable(), jar=self.jar, properties=properties),
+            ready=lambda: answers_http(self.endpoint_url),
             awaited=f"answer on {self.endpoint_url}",
-            started=started,
-            timeout=self.start_timeout,
             poll_seconds=0.2,
             error=ObjectStorageStartError,
         )
-        self.last_start_seconds = time.monotonic() - started
-        return self
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after `stop_timeout`; a no-op when not running."""
-        self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

@@ -1,11 +1,13 @@
 """The life of one local server process: start, wait until ready, stop, read its log.
 
 Who calls it: the local services that run one server process each, `kafka.LocalKafka`,
-`object_storage.LocalObjectStorage` and `serving.LocalVllmServer`. Each keeps what is its own
-(the command line, the readiness probe, its error type, what a restart keeps) and hands the
-process itself to a `ServiceProcess`, so that every one of them is started, awaited and
-stopped the same way; each is a `LocalServer`, so that `with server:` starts and stops it,
-and `serve_until_interrupted()` is its `python -m devservices.<service> run`.
+`object_storage.LocalObjectStorage`, `mlflow_server.LocalMlflowServer` and
+`serving.LocalVllmServer`. Each keeps what is its own (the command line, the readiness probe,
+its error type, what a restart keeps) and hands the process itself to a `ServiceProcess`, so
+that every one of them is started, awaited and stopped the same way; each is a
+`LocalServer`, so that `with server:` starts and stops it, and `serve_until_interrupted()` is
+its `python -m devservices.<service> run`. The three HTTP ones are `LoopbackServer`s, which
+also share their port, work folder, log and stop.
 
 - the process runs in a session of its own, so that a signal reaches its whole tree (vLLM's
   engine core and worker, a JVM's helpers) and Ctrl-C in a terminal reaches only us;
@@ -29,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -225,6 +229,81 @@ class LocalServer(abc.ABC):
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class LoopbackServer(LocalServer):
+    """A `LocalServer` of one process group on a loopback port, whose log lies in its work
+    folder: what the HTTP services (`object_storage`, `mlflow_server`, `serving`) share. Each
+    keeps its command line, environment, readiness probe, error type and `__repr__`, and
+    starts through `_launch_and_await`. `stop()` then `start()` keeps the port and the work
+    folder, which is how tests take a server away and give it back."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        work_dir: Path,
+        log_name: str,
+        port: int,
+        start_timeout: float,
+        stop_timeout: float,
+    ) -> None:
+        self.work_dir = work_dir
+        self.port = port
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.last_start_seconds = 0.0
+        self._log_name = log_name
+        self._server = ServiceProcess(what, log_path=self.log_path)
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / self._log_name
+
+    @property
+    def running(self) -> bool:
+        return self._server.running
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return self._server.log_tail(lines)
+
+    def stop(self) -> None:
+        """SIGTERM to the group, then SIGKILL after `stop_timeout`; a no-op when not running."""
+        self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
+
+    def _launch_and_await(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        ready: Callable[[], bool],
+        awaited: str,
+        poll_seconds: float,
+        error: type[Exception],
+    ) -> Self:
+        """Launch *command* and return once *ready()* (`ServiceProcess.wait_until_ready`),
+        keeping how long the start took in `last_start_seconds`."""
+        started = time.monotonic()
+        self._server.launch(command, env=env)
+        self._server.wait_until_ready(
+            ready,
+            awaited=awaited,
+            started=started,
+            timeout=self.start_timeout,
+            poll_seconds=poll_seconds,
+            error=error,
+        )
+        self.last_start_seconds = time.monotonic() - started
+        return self
+
+
+def answers_200(url: str, *, timeout: float = 2.0) -> bool:
+    """True when a GET of *url* answers 200 (a server's health endpoint)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - our own loopback URL
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 Server = TypeVar("Server", bound=LocalServer)

@@ -41,12 +41,9 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -54,9 +51,8 @@ from typing import Self
 
 from devservices.kafka import cache_root, free_ports
 from devservices.processes import (
-    LOG_TAIL_LINES,
-    LocalServer,
-    ServiceProcess,
+    LoopbackServer,
+    answers_200,
     serve_until_interrupted,
 )
 from orchestrator.errors import ConfigError
@@ -276,7 +272,7 @@ def serving_environment(base: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-class LocalVllmServer(LocalServer):
+class LocalVllmServer(LoopbackServer):
     """One vLLM server on 127.0.0.1 (three processes, one session), serving one base model."""
 
     def __init__(
@@ -289,16 +285,18 @@ class LocalVllmServer(LocalServer):
         start_timeout: float = 600.0,
         stop_timeout: float = 30.0,
     ) -> None:
-        self.python = python
-        self.model_dir = model_dir
-        self.work_dir = work_dir
-        self.port = port or free_ports(1)[0]
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
-        self.last_start_seconds = 0.0
         # Three processes in one session: stopping the group reaches the engine core and the
         # worker too.
-        self._server = ServiceProcess("vLLM", log_path=self.log_path)
+        super().__init__(
+            "vLLM",
+            work_dir=work_dir,
+            log_name="vllm.log",
+            port=port or free_ports(1)[0],
+            start_timeout=start_timeout,
+            stop_timeout=stop_timeout,
+        )
+        self.python = python
+        self.model_dir = model_dir
 
     @property
     def base_url(self) -> str:
@@ -309,17 +307,6 @@ class LocalVllmServer(LocalServer):
         """vLLM names the base model by the path it was given; adapters name it as `parent`."""
         return str(self.model_dir)
 
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / "vllm.log"
-
-    @property
-    def running(self) -> bool:
-        return self._server.running
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return self._server.log_tail(lines)
-
     def start(self) -> Self:
         """Start the server and return once /health answers 200.
 
@@ -329,25 +316,14 @@ class LocalVllmServer(LocalServer):
         if self.running:
             return self
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        self._server.launch(
+        return self._launch_and_await(
             serving_command(python=self.python, model_dir=self.model_dir, port=self.port),
             env=serving_environment(os.environ),
-        )
-        self._server.wait_until_ready(
-            lambda: is_healthy(self.base_url),
+            ready=lambda: is_healthy(self.base_url),
             awaited=f"answer {self.base_url}/health",
-            started=started,
-            timeout=self.start_timeout,
             poll_seconds=1.0,
             error=ServingRuntimeStartError,
         )
-        self.last_start_seconds = time.monotonic() - started
-        return self
-
-    def stop(self) -> None:
-        """SIGTERM to the group, then SIGKILL after `stop_timeout`; a no-op when not running."""
-        self._server.stop(signal.SIGTERM, timeout=self.stop_timeout)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -356,11 +332,7 @@ class LocalVllmServer(LocalServer):
 
 def is_healthy(base_url: str, *, timeout: float = 2.0) -> bool:
     """True when vLLM's `/health` answers 200 (it answers only once the engine is up)."""
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout) as response:  # noqa: S310 - our own loopback URL
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return answers_200(f"{base_url}/health", timeout=timeout)
 
 
 def default_model_dir() -> Path:
