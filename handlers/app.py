@@ -11,10 +11,10 @@ What runs inside one worker (one faust app, one consumer group):
 
 - the intake (`handlers/intake.py`): decode, validate, dedup, dead-letter, and re-key each
   event by the rule engine's `route()`;
-- the keyed agent's sink: `Orchestrator.handle` (`orchestrator/service.py`) with the rule state
-  per key, the completion record per job and the champion adapter per rule and key (rules
-  with `promote:`) in faust Tables (changelog topics: state survives restarts and moves with
-  its partition on a rebalance);
+- stage 2's sink (one lane per keyed partition): `Orchestrator.handle` (`orchestrator/service.py`)
+  with the rule state per key, the completion record per job and the champion adapter per rule and
+  key (rules with `promote:`) in faust Tables (changelog topics: state survives restarts and moves
+  with its partition on a rebalance);
 - the observation pump: the backend's phase changes, sent as internal signals onto the keyed
   topic under the job's rule key, so the key's owner announces them and releases concurrency;
 - the ticker: timers of local keys that fell due (debounce, held events, deferred launches),
@@ -191,7 +191,7 @@ class TableChampions:
     """`ChampionStore` on a faust Table: `<rule>/<key>` -> the champion adapter, with the job
     that made it and its scores.
 
-    The champion of a rule and key is read and moved only by the keyed agent that owns the
+    The champion of a rule and key is read and moved only by the partition lane that owns the
     key's partition (at a launch, and when a job of the key succeeded), so the Table's
     partition is the key's, like the rule state's: it survives restarts through its changelog
     topic and moves with the key on a rebalance, on either backend, with no storage of its
@@ -631,7 +631,7 @@ async def _recover_key(backend: TrainingBackend, job: JobRef) -> str | None:
 
 
 def _signal_origin(topic: str) -> list[tuple[str, bytes]]:
-    """The forward block the keyed agent expects, for a signal that came from no input
+    """The forward block stage 2 expects, for a signal that came from no input
     record (see `handlers/intake.py`, FORWARD_HEADERS)."""
     values = (topic, "-1", "-1", "", "-", "0")
     return [

@@ -1,6 +1,7 @@
 """The seen-set of the intake: skip an event whose (source, id) was already handled.
 
-Called by the keyed agent in `handlers/intake.py` for every (key, event) before the sink.
+Called by stage 2 (the partition lanes) of `handlers/intake.py` for every (key, event)
+before the sink.
 The entries live in a faust Table (`tuneloop-seen`), whose compacted changelog topic makes
 them survive restarts and rebalances: a worker taking over a partition replays the changelog
 before it processes a single record, so it knows what the previous owner handled.

@@ -15,7 +15,8 @@ Two stages, so that per-key state is co-partitioned with the key the rules care 
    record* to the internal keyed topic once per key, or, for a record it refuses, one dead
    letter. Exactly one of the two happens. A batch's records and its input offsets are
    committed in one Kafka transaction.
-2. `tuneloop-keyed` (a faust agent) reads the keyed topic (partitioned by rule key), skips
+2. Stage 2 reads the keyed topic (partitioned by rule key) in one lane per partition
+   (`handlers/partition_lanes.py`, fed by the worker's consumer, not a faust agent), skips
    what the seen-set (`handlers/dedup.py`, a faust Table with a changelog) already holds, and
    calls `sink(key, event, info)`; then it records the event as seen. The sink is where the
    rule engine with its per-key state plugs in.
@@ -29,7 +30,7 @@ replays that event to the sink once more, so the sink's effects must be idempote
 derived from the decision make launches so).
 
 Forwarding the original bytes rather than a re-encoded event keeps extension types and binary
-data exact, keeps the internal record no larger than the input one, and lets the keyed agent
+data exact, keeps the internal record no larger than the input one, and lets stage 2
 dead-letter the true original if the sink refuses the event.
 """
 
@@ -49,6 +50,7 @@ from handlers.dead_letters import dead_letter_record
 from handlers.dedup import SEEN_TABLE, SeenEvents, seen_key
 from handlers.faust_app import new_app, raw_topic
 from handlers.input_batches import BatchOptions, InputBatches, Outgoing, RecordOutcome
+from handlers.partition_lanes import PartitionLanes, deliver_in_lanes
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.errors import InvalidEventError
 from orchestrator.events import CloudEvent
@@ -164,6 +166,8 @@ class Intake:
     path decides what may enter, whichever way a record came."""
     input_batches: InputBatches
     """Stage 1, a service of `app`: started once the App has started, stopped with it."""
+    lanes: PartitionLanes
+    """Stage 2's lanes, one per keyed partition (`handlers/partition_lanes.py`)."""
 
 
 def keyed_topic_name(kafka: KafkaSettings) -> str:
@@ -194,7 +198,7 @@ def install_intake(
     batch_options: BatchOptions | None = None,
 ) -> Intake:
     """Add the two stages (see the module docstring) to *app*: stage 1 as a service the App
-    starts and stops, stage 2 as a faust agent.
+    starts and stops, stage 2 as lanes fed by the App's consumer.
 
     The composition root calls it last, once what *router* and *sink* use exists.
 
@@ -235,13 +239,14 @@ def install_intake(
     )
     cast(Any, app).service(batches)  # faust takes an instance too, though typed for a class
 
-    # One actor per keyed partition: keys of different partitions are handled side by side
-    # (a launch waiting on the API server holds up only its own partition), while the inputs
-    # of one key still arrive in order, one at a time, as the rule state needs.
-    @app.agent(keyed, name="tuneloop-keyed", isolated_partitions=True)
-    async def handle_keyed(stream: Any) -> None:
-        async for delivered in stream.events():
-            await pipeline.take_keyed(delivered.message)
+    # Stage 2: faust subscribes to the keyed topic and assigns its partitions with the tables'
+    # (co-partitioned), but its records skip faust's streams: the seek-safe consumer hands
+    # them to one lane per partition (handlers/partition_lanes.py). Keys of different
+    # partitions are handled side by side (a launch waiting on the API server holds up only
+    # its own partition), while the inputs of one key arrive in order, one at a time, as the
+    # rule state needs.
+    app.topics.add(keyed)
+    lanes = deliver_in_lanes(app, keyed_name, pipeline.take_keyed)
 
     def forget_index(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         # The table's contents change on rebalance; rebuild the per-partition order from it.
@@ -257,6 +262,7 @@ def install_intake(
         keyed_topic=keyed_name,
         admission=pipeline.admit,
         input_batches=batches,
+        lanes=lanes,
     )
 
 
@@ -289,7 +295,7 @@ def build_intake(
 
 
 class _Pipeline:
-    """What the two stages do with one record each; stage 1's reader and the keyed agent only
+    """What the two stages do with one record each; stage 1's reader and stage 2's lanes only
     iterate."""
 
     def __init__(

@@ -41,6 +41,11 @@ The mend, in three parts:
   consumer's position was 5 of 5 on the keyed partition, nothing handed over; also the
   "record waiting at offset 0" that `tuneloop partitions grow` guards against).
 
+The keyed topic of the intake is not handed to a faust stream at all: its records go to
+the partition lanes of `handlers/partition_lanes.py`, one queue and one task per partition,
+under the same rules (a record is offered only while the flow is on and no seek came since
+its fetch, and counts as read once offered).
+
 A record read twice is at-least-once delivery, which the intake already absorbs: the seen-set
 skips the second copy (see docs/guarantees.md).
 
@@ -69,6 +74,8 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from mode import Service
+
+from handlers.partition_lanes import PartitionLanes, lanes_of
 
 FAUST_RELEASE = "0.15.3"
 """The faust-streaming release whose fetch loop `_SeekSafeConsumer` copies and whose seek it
@@ -107,6 +114,8 @@ class SeekSafeConsumer(AIOKafkaConsumer):
         return _PromptFetchThread(self, loop=self.loop, beacon=self.beacon)
 
     async def on_stop(self) -> None:
+        for lanes in lanes_of(self.app).values():
+            await lanes.stop()  # the records in hand are acknowledged before the final commit
         try:
             async with asyncio.timeout(FINAL_COMMIT_SECONDS):
                 await super().on_stop()  # commits what the streams acknowledged
@@ -183,6 +192,7 @@ class SeekSafeConsumer(AIOKafkaConsumer):
     ) -> None:
         abandoned = False
         since_yield = 0
+        lanes = lanes_of(self.app)
         try:
             async for tp, message in batch:
                 since_yield += 1
@@ -192,7 +202,7 @@ class SeekSafeConsumer(AIOKafkaConsumer):
                 # mended: checked before the gap check, which would otherwise compare this
                 # record with the read offset a seek has just reset
                 if self.seeks != seeks_before or not await self._hand_over(
-                    tp, message, seeks_before
+                    tp, message, seeks_before, lanes.get(message.topic)
                 ):
                     abandoned = True
                     break
@@ -209,8 +219,15 @@ class SeekSafeConsumer(AIOKafkaConsumer):
         except Exception as exc:  # e.g. nothing assigned mid-rebalance, whose recovery seeks
             self.log.warning("Seek back to committed offsets failed: %r", exc)
 
-    async def _hand_over(self, tp: Any, message: Any, seeks_before: int) -> bool:
-        """Give *message* to the streams; False: stop this batch, it is to be read again."""
+    async def _hand_over(
+        self,
+        tp: Any,
+        message: Any,
+        seeks_before: int,
+        lanes: PartitionLanes | None = None,
+    ) -> bool:
+        """Give *message* to its partition's lane, or else to faust's streams; False: stop
+        this batch, it is to be read again."""
         offset = message.offset
         read = self._read_offset[tp]
         if read is not None and offset < read:
@@ -222,13 +239,35 @@ class SeekSafeConsumer(AIOKafkaConsumer):
         if self._commit_every is not None and self._n_acked >= self._commit_every:
             self._n_acked = 0
             await self.commit()
-        handing_over = self.callback(message)
-        outcome = await self.wait_first(handing_over, self.suspend_flow.wait())
-        if handing_over not in outcome.done or self.seeks != seeks_before:
-            # mended: faust counted the record as read even when a flow stop cut the hand-over
-            # short, or a seek happened meanwhile, overwriting the seek's read offset
-            return False
+        if lanes is not None:
+            if not self._offer_to_lane(lanes, tp, message, seeks_before):
+                flow_control = self.app.flow_control
+                if flow_control.is_active() or not self.flow_active:
+                    return False
+                # the App suspended its flow but not yet the consumer's (a rebalance begins):
+                # wait as faust's hand-over does, for either to decide
+                await self.wait_first(flow_control.acquire(), self.suspend_flow.wait())
+                if not self._offer_to_lane(lanes, tp, message, seeks_before):
+                    return False
+        else:
+            handing_over = self.callback(message)
+            outcome = await self.wait_first(handing_over, self.suspend_flow.wait())
+            if handing_over not in outcome.done or self.seeks != seeks_before:
+                # mended: faust counted the record as read even when a flow stop cut the
+                # hand-over short, or a seek happened meanwhile, overwriting the seek's offset
+                return False
         self._read_offset[tp] = offset
+        return True
+
+    def _offer_to_lane(
+        self, lanes: PartitionLanes, tp: Any, message: Any, seeks_before: int
+    ) -> bool:
+        """Queue *message* on its lane if the flow is on and no seek came since its fetch."""
+        if not (self.flow_active and self.app.flow_control.is_active()):
+            return False
+        if self.seeks != seeks_before:
+            return False
+        lanes.offer(tp, message)
         return True
 
 

@@ -1,10 +1,11 @@
 """OpenTelemetry spans for the worker's decisions, exported over OTLP/HTTP when configured.
 
-The composition root (`handlers/app.py`) builds one `Tracing` and wraps each decision of the
-keyed agent in `Tracing.decision(...)`. A span is a child of the producer's span when the
-event carried a trace context (`traceparent`, the CloudEvents distributed-tracing extension),
-so the worker's work shows up inside the producer's trace, under the same trace id as the
-decision records, the TrainJob and the completion event (docs/events.md, "Trace context").
+The composition root (`handlers/app.py`) builds one `Tracing` and wraps each decision of the keyed
+stage (the partition lanes of `handlers/partition_lanes.py`) in `Tracing.decision(...)`. A span is a
+child of the producer's span when the event carried a trace context (`traceparent`, the CloudEvents
+distributed-tracing extension), so the worker's work shows up inside the producer's trace, under the
+same trace id as the decision records, the TrainJob and the completion event (docs/events.md, "Trace
+context").
 
 Spans are made here, in `handlers/`, never in the core: `orchestrator/` stays pure.
 

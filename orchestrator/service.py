@@ -1,10 +1,9 @@
 """The use case: what happens to one key when an event, a job observation or a timer arrives.
 
-`handlers/app.py` calls an `Orchestrator` from the keyed agent, one key at a time and every
-input of a key in order, so nothing here needs a lock. It calls ports only: the
-`TrainingBackend`, the `EventPublisher`, and two stores (the rule state per key, the
-completion records per job), which the wiring backs with faust Tables (changelog topics) and
-tests with dicts.
+`handlers/app.py` calls an `Orchestrator` from stage 2 of the intake (its partition lanes), one key
+at a time and every input of a key in order, so nothing here needs a lock. It calls ports only: the
+`TrainingBackend`, the `EventPublisher`, and two stores (the rule state per key, the completion
+records per job), which the wiring backs with faust Tables (changelog topics) and tests with dicts.
 
 Why a crash anywhere loses nothing and doubles nothing:
 - a launch is idempotent by its deterministic job name: re-running a decision after a crash

@@ -13,6 +13,7 @@ import pytest
 from faust.serializers import codecs
 
 from handlers.app import build_worker, make_backend
+from handlers.partition_lanes import lanes_of
 from orchestrator.clock import FixedClock
 from orchestrator.errors import ConfigError
 from orchestrator.rules import state_encoding
@@ -55,9 +56,12 @@ def test_the_intake_stages_and_the_worker_tables_share_one_app(rules: Path) -> N
 
     assert worker.intake.app is worker.app
     agents = {agent.name for agent in worker.app.agents.values()}
-    # stage 1 reads the input topics itself, as a service the App starts and stops
-    assert "tuneloop-keyed" in agents
-    assert "tuneloop-intake" not in agents
+    # stage 1 reads the input topics itself, as a service the App starts and stops; stage 2
+    # is fed by the App's consumer in lanes, no agent either
+    assert not agents
+    assert lanes_of(worker.app) == {worker.intake.keyed_topic: worker.intake.lanes}
+    subscribed = {name: topic.acks for topic in worker.app.topics for name in topic.topics}
+    assert subscribed[worker.intake.keyed_topic] is True  # faust commits only what was handled
     assert worker.intake.input_batches in worker.app._extra_services
     assert {"tuneloop-rule-state", "tuneloop-jobs", "tuneloop-seen"} <= set(worker.app.tables)
     assert worker.orchestrator.rules.rules[0].name == "drift-retrain"

@@ -1,6 +1,6 @@
 """The intake's per-message logic without a broker: forwarding, dedup, the sink's errors.
 
-Stage 1's reader and the keyed agent only iterate and call `_Pipeline`; here what stage 1
+Stage 1's reader and stage 2's partition lanes only iterate and call `_Pipeline`; here what stage 1
 would send and what stage 2 dead-letters are recorded by stand-ins, and the seen-table is a
 dict, so each outcome is checked directly. The real broker path is in
 tests/integration/test_intake.py.

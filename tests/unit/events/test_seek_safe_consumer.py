@@ -13,8 +13,9 @@ from typing import Any
 
 import faust
 import pytest
-from faust.types import TP
+from faust.types import TP, Message
 
+from handlers.partition_lanes import PartitionLanes, deliver_in_lanes
 from handlers.seek_safe_consumer import SeekSafeConsumer, use_seek_safe_consumer
 
 PARTITION = TP("in", 0)
@@ -181,3 +182,104 @@ async def test_a_stream_partition_with_nothing_or_zero_committed_is_read_again_f
     assert consumer._read_offset[nothing] is None
     assert consumer._read_offset[zero] == 0
     assert consumer._read_offset[five] == 5
+
+
+def lane_record(offset: int) -> Any:
+    """A faust Message of the lane topic, fetched in the consumer's first generation."""
+    return Message(
+        PARTITION.topic,
+        PARTITION.partition,
+        offset,
+        0.0,
+        0,
+        [],
+        None,
+        b"{}",
+        None,
+        tp=PARTITION,
+        generation_id=0,
+    )
+
+
+@pytest.fixture
+def lanes_and_handled(consumer) -> tuple[PartitionLanes, list[int]]:
+    handled: list[int] = []
+
+    async def handle(message: Any) -> None:
+        handled.append(message.offset)
+
+    lanes = deliver_in_lanes(consumer.app, PARTITION.topic, handle)
+    consumer.app.flow_control.resume()
+    return lanes, handled
+
+
+async def test_a_record_of_a_lane_topic_is_handled_in_its_lane_and_counts_as_read(
+    consumer, lanes_and_handled
+) -> None:
+    lanes, handled = lanes_and_handled
+    consumer._read_offset[PARTITION] = 6
+    for offset in (7, 8):
+        assert await consumer._hand_over(PARTITION, lane_record(offset), consumer.seeks, lanes)
+    assert consumer._read_offset[PARTITION] == 8
+    await until_handled(lanes, 2)
+    assert handled == [7, 8]
+
+
+async def test_a_lane_record_fetched_before_a_seek_is_not_offered(
+    consumer, lanes_and_handled
+) -> None:
+    lanes, _ = lanes_and_handled
+    consumer._read_offset[PARTITION] = 6
+    fetched_at = consumer.seeks
+    await consumer.perform_seek()
+    consumer.resume_flow()
+    assert await consumer._hand_over(PARTITION, lane_record(7), fetched_at, lanes) is False
+    assert lanes.waiting() == 0
+    assert consumer._read_offset[PARTITION] == COMMITTED
+
+
+async def test_a_lane_record_waits_while_the_app_suspends_and_is_dropped_when_the_consumer_stops(
+    consumer, lanes_and_handled
+) -> None:
+    lanes, _ = lanes_and_handled
+    consumer._read_offset[PARTITION] = 6
+    consumer.app.flow_control.suspend()  # a rebalance begins: the App stops before the consumer
+    handing_over = asyncio.ensure_future(
+        consumer._hand_over(PARTITION, lane_record(7), consumer.seeks, lanes)
+    )
+    await asyncio.sleep(0.01)
+    assert not handing_over.done()
+    consumer.stop_flow()
+    assert await handing_over is False
+    assert lanes.waiting() == 0
+    assert consumer._read_offset[PARTITION] == 6
+
+
+async def test_records_waiting_in_a_lane_are_dropped_when_partitions_are_revoked(
+    consumer,
+) -> None:
+    release = asyncio.Event()
+    handled: list[int] = []
+
+    async def handle(message: Any) -> None:
+        await release.wait()
+        handled.append(message.offset)
+
+    lanes = deliver_in_lanes(consumer.app, PARTITION.topic, handle)
+    consumer.app.flow_control.resume()
+    for offset in (7, 8, 9):
+        lanes.offer(PARTITION, lane_record(offset))
+    await asyncio.sleep(0.01)  # 7 is in hand, 8 and 9 wait
+    # what faust does when partitions are revoked: suspend, then clear the queues it manages
+    consumer.app.flow_control.suspend()
+    consumer.app.flow_control.clear()
+    assert lanes.waiting() == 0
+    release.set()
+    await lanes.stop()
+    assert handled == [7]  # 8 and 9 were never tracked: read again from the committed offset
+
+
+async def until_handled(lanes: PartitionLanes, count: int) -> None:
+    async with asyncio.timeout(5):
+        while lanes.handled < count:
+            await asyncio.sleep(0.01)
