@@ -3,7 +3,7 @@ its partition, one task per partition works its lane in order. No faust agent, s
 per-record queue stands in between.
 
 Installed by `handlers/intake.py` with `deliver_in_lanes(app, topic, handle)`; the fetch loop
-of `handlers/seek_safe_consumer.py` calls `offer(tp, message)` for each record of that topic
+of `handlers/seek_safe_consumer.py` calls `offer(message)` for each record of that topic
 it reads, and stops the lanes when it stops.
 
 Why not faust's agent: a faust stream hands a record over through the conductor (flow control,
@@ -76,9 +76,12 @@ class PartitionLanes:
         self.handled = 0
         """Records handled and acknowledged, all partitions together."""
 
-    def offer(self, tp: Any, message: Any) -> None:
-        """Queue *message* (a faust `Message` of partition *tp*) behind the others of its
-        partition; its lane's task starts if none is running."""
+    def offer(self, message: Any) -> None:
+        """Queue *message* (a faust `Message`) behind the others of its partition; its lane's
+        task starts if none is running."""
+        # faust's TP from the message, not the fetch loop's: that one is aiokafka's
+        # TopicPartition, which faust's partition bookkeeping refuses (it asserts on it)
+        tp = message.tp
         lane = self._lanes.get(tp)
         if lane is None:
             lane = self._lanes[tp] = deque()

@@ -240,14 +240,14 @@ class SeekSafeConsumer(AIOKafkaConsumer):
             self._n_acked = 0
             await self.commit()
         if lanes is not None:
-            if not self._offer_to_lane(lanes, tp, message, seeks_before):
+            if not self._offer_to_lane(lanes, message, seeks_before):
                 flow_control = self.app.flow_control
                 if flow_control.is_active() or not self.flow_active:
                     return False
                 # the App suspended its flow but not yet the consumer's (a rebalance begins):
                 # wait as faust's hand-over does, for either to decide
                 await self.wait_first(flow_control.acquire(), self.suspend_flow.wait())
-                if not self._offer_to_lane(lanes, tp, message, seeks_before):
+                if not self._offer_to_lane(lanes, message, seeks_before):
                     return False
         else:
             handing_over = self.callback(message)
@@ -259,15 +259,13 @@ class SeekSafeConsumer(AIOKafkaConsumer):
         self._read_offset[tp] = offset
         return True
 
-    def _offer_to_lane(
-        self, lanes: PartitionLanes, tp: Any, message: Any, seeks_before: int
-    ) -> bool:
+    def _offer_to_lane(self, lanes: PartitionLanes, message: Any, seeks_before: int) -> bool:
         """Queue *message* on its lane if the flow is on and no seek came since its fetch."""
         if not (self.flow_active and self.app.flow_control.is_active()):
             return False
         if self.seeks != seeks_before:
             return False
-        lanes.offer(tp, message)
+        lanes.offer(message)
         return True
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka import TopicPartition
 from faust.types import TP, Message
 
-from handlers.partition_lanes import PartitionLanes, deliver_in_lanes
+from handlers.partition_lanes import MAX_WAITING, PartitionLanes, deliver_in_lanes
 from handlers.seek_safe_consumer import SeekSafeConsumer, use_seek_safe_consumer
 
 PARTITION = TP("in", 0)
@@ -268,7 +269,7 @@ async def test_records_waiting_in_a_lane_are_dropped_when_partitions_are_revoked
     lanes = deliver_in_lanes(consumer.app, PARTITION.topic, handle)
     consumer.app.flow_control.resume()
     for offset in (7, 8, 9):
-        lanes.offer(PARTITION, lane_record(offset))
+        lanes.offer(lane_record(offset))
     await asyncio.sleep(0.01)  # 7 is in hand, 8 and 9 wait
     # what faust does when partitions are revoked: suspend, then clear the queues it manages
     consumer.app.flow_control.suspend()
@@ -283,3 +284,27 @@ async def until_handled(lanes: PartitionLanes, count: int) -> None:
     async with asyncio.timeout(5):
         while lanes.handled < count:
             await asyncio.sleep(0.01)
+
+
+async def test_a_full_lane_takes_its_partition_out_of_the_fetch_until_it_is_down_to_a_quarter(
+    consumer,
+) -> None:
+    release = asyncio.Event()
+
+    async def handle(message: Any) -> None:
+        await release.wait()
+
+    lanes = deliver_in_lanes(consumer.app, PARTITION.topic, handle)
+    consumer.app.flow_control.resume()
+    consumer._set_active_tps({PARTITION})
+    fetched = TopicPartition(PARTITION.topic, PARTITION.partition)  # aiokafka's, as fetched
+    for offset in range(MAX_WAITING + 1):
+        assert await consumer._hand_over(fetched, lane_record(offset), consumer.seeks, lanes)
+    await asyncio.sleep(0)
+    assert PARTITION not in consumer._get_active_partitions()  # faust's own bookkeeping
+    release.set()
+    async with asyncio.timeout(5):
+        while lanes.waiting() > MAX_WAITING // 4 - 2:
+            await asyncio.sleep(0)
+    assert PARTITION in consumer._get_active_partitions()
+    await lanes.stop()
