@@ -46,6 +46,7 @@ from typing import Any, cast
 import faust
 import structlog
 from faust.streams import _current_event
+from faust.types import TP
 
 log = structlog.get_logger("tuneloop.lanes")
 
@@ -73,15 +74,18 @@ class PartitionLanes:
         self._lanes: dict[Any, deque[Any]] = {}
         self._workers: dict[Any, asyncio.Task[None]] = {}
         self._held_back: set[Any] = set()
+        self._tps: dict[int, TP] = {}
         self.handled = 0
         """Records handled and acknowledged, all partitions together."""
 
     def offer(self, message: Any) -> None:
         """Queue *message* (a faust `Message`) behind the others of its partition; its lane's
         task starts if none is running."""
-        # faust's TP from the message, not the fetch loop's: that one is aiokafka's
-        # TopicPartition, which faust's partition bookkeeping refuses (it asserts on it)
-        tp = message.tp
+        # faust's own TP: the fetch loop's (and so `message.tp`) is aiokafka's TopicPartition,
+        # which faust's partition bookkeeping refuses (it asserts on the type)
+        tp = self._tps.get(message.partition)
+        if tp is None:
+            tp = self._tps[message.partition] = TP(message.topic, message.partition)
         lane = self._lanes.get(tp)
         if lane is None:
             lane = self._lanes[tp] = deque()

@@ -197,7 +197,7 @@ def lane_record(offset: int) -> Any:
         None,
         b"{}",
         None,
-        tp=PARTITION,
+        tp=TopicPartition(PARTITION.topic, PARTITION.partition),  # aiokafka's, as fetched
         generation_id=0,
     )
 
