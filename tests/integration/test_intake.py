@@ -30,14 +30,16 @@ LIMIT = 200_000
 """Small enough that the corpus's oversized records fit through the broker to the DLQ."""
 
 
-def settings_for(bootstrap: str, topic: str, dlq: str, group: str) -> Settings:
+def settings_for(
+    bootstrap: str, topic: str, dlq: str, group: str, *, internal_partitions: int = 1
+) -> Settings:
     return Settings(
         kafka=KafkaSettings(
             bootstrap=bootstrap,
             topics_in=(topic,),
             topic_dlq=dlq,
             group_id=group,
-            internal_partitions=1,
+            internal_partitions=internal_partitions,
             max_event_bytes=LIMIT,
         )
     )

@@ -20,9 +20,8 @@ from kafka.partitioner.default import murmur2
 
 from handlers.codec import RecordInfo
 from orchestrator.events import CloudEvent
-from orchestrator.settings import KafkaSettings, Settings
 from tests.corpus.bad_records import binary_headers
-from tests.integration.test_intake import LIMIT, produce, running, until
+from tests.integration.test_intake import produce, running, settings_for, until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -44,19 +43,6 @@ def keys_on_every_partition(per_partition: int) -> list[str]:
         if len(found[keyed_partition(key)]) < per_partition:
             found[keyed_partition(key)].append(key)
     return [key for p in range(PARTITIONS) for key in found[p]]
-
-
-def settings_for(bootstrap: str, topic: str, dlq: str, group: str) -> Settings:
-    return Settings(
-        kafka=KafkaSettings(
-            bootstrap=bootstrap,
-            topics_in=(topic,),
-            topic_dlq=dlq,
-            group_id=group,
-            internal_partitions=PARTITIONS,
-            max_event_bytes=LIMIT,
-        )
-    )
 
 
 def interleaved(keys: list[str], per_key: int) -> list[tuple[Any, Any, Any]]:
@@ -97,7 +83,9 @@ async def test_each_keys_events_reach_the_sink_once_and_in_the_order_sent(
         await asyncio.sleep(0)  # let the other lanes interleave
 
     await produce(kafka_bootstrap, topic, interleaved(keys, per_key))
-    async with running(settings_for(kafka_bootstrap, topic, dlq, group), sink):
+    async with running(
+        settings_for(kafka_bootstrap, topic, dlq, group, internal_partitions=PARTITIONS), sink
+    ):
         await until(
             lambda: sum(map(len, received.values())) >= len(keys) * per_key,
             what="every event to reach the sink",
@@ -127,7 +115,9 @@ async def test_a_key_whose_sink_call_hangs_holds_up_only_its_own_partition(
         received[key].append(int(event.id.split("/")[1]))
 
     await produce(kafka_bootstrap, topic, interleaved(keys, 5))
-    async with running(settings_for(kafka_bootstrap, topic, dlq, group), sink):
+    async with running(
+        settings_for(kafka_bootstrap, topic, dlq, group, internal_partitions=PARTITIONS), sink
+    ):
         await until(
             lambda: all(len(received[key]) == 5 for key in free),
             what="the keys of the other partitions to be handled",
