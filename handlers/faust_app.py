@@ -14,6 +14,7 @@ from typing import Any
 import faust
 from faust.tables import TableManager
 
+from handlers.changelog_batches import BatchedChangelogTable
 from handlers.publishing import tls_context
 from handlers.seek_safe_consumer import use_seek_safe_consumer
 from orchestrator.settings import KafkaSettings, SecurityProtocol
@@ -50,6 +51,9 @@ def new_app(kafka: KafkaSettings, **faust_options: Any) -> faust.App:
         "producer_linger": 0.005,
         # faust's own waits a second before its tables start; ours are all declared by then.
         "TableManager": PromptTableManager,
+        # a Table written by stage 2's lanes sends one changelog record per key per batch,
+        # straight to the producer (handlers/changelog_batches.py); elsewhere, faust's Table
+        "Table": BatchedChangelogTable,
     }
     credentials = faust_credentials(kafka)
     if credentials is not None:

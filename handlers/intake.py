@@ -246,7 +246,11 @@ def install_intake(
     # its own partition), while the inputs of one key arrive in order, one at a time, as the
     # rule state needs.
     app.topics.add(keyed)
-    lanes = deliver_in_lanes(app, keyed_name, pipeline.take_keyed)
+    # the seen-set's changelog records go after a batch's other writes: a seen-mark must never
+    # be kept without the state its event changed (handlers/changelog_batches.py)
+    lanes = deliver_in_lanes(
+        app, keyed_name, pipeline.take_keyed, written_last=frozenset({SEEN_TABLE})
+    )
 
     def forget_index(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         # The table's contents change on rebalance; rebuild the per-partition order from it.

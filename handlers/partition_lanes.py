@@ -17,9 +17,13 @@ what the intake relies on and drops the rest:
   `isolated_partitions` agent ran one actor per partition: the records of one key are handled
   in order, one at a time, and a launch waiting on the API server holds up only its own
   partition.
-- **At-least-once.** A record is tracked when its handling starts and acknowledged when it
-  ends, as faust's stream does, so faust commits an offset only once every record before it
-  was handled, after flushing the producer (changelog writes, dead letters, audit records).
+- **At-least-once.** A record is tracked when its handling starts and acknowledged once its
+  batch is closed (below), so faust commits an offset only once every record before it was
+  handled, after flushing the producer (changelog writes, dead letters, audit records).
+- **Batches.** A lane handles up to `BATCH_RECORDS` records together: their Table writes
+  reach the changelog once per key when the batch closes, straight to the producer, and only
+  then are the records acknowledged (`handlers/changelog_batches.py`). A lane that runs dry
+  closes its batch at once.
 - **Rebalances and seeks.** faust clears its queues when it suspends the flow (revoke, stop)
   and when it resumes it; the lanes are registered with the same flow control and are cleared
   with them. A record waiting in a lane was never tracked, so nothing counts it as done: it is
@@ -48,6 +52,8 @@ import structlog
 from faust.streams import _current_event
 from faust.types import TP
 
+from handlers.changelog_batches import ChangelogBatch, collecting
+
 log = structlog.get_logger("tuneloop.lanes")
 
 Handle = Callable[[Any], Awaitable[None]]
@@ -57,8 +63,10 @@ on faust's producer. Anything it raises stops the worker (it handles the errors 
 MAX_WAITING = 2_000
 """Records a lane may hold before its partition is taken out of the fetch."""
 
-YIELD_EVERY = 100
-"""Records a lane handles before it lets other tasks run even if none of them waited."""
+BATCH_RECORDS = 100
+"""Records a lane handles together: their Table writes reach the changelog once per key, then
+they are acknowledged, and the lane lets other tasks run. A lane that runs dry closes its
+batch at once, so a lone record waits for nothing."""
 
 STOP_SECONDS = 10.0
 """How long stopping waits for the record a lane is handling before it cancels it."""
@@ -68,9 +76,12 @@ class PartitionLanes:
     """One lane per partition of one topic, each worked by its own task while it holds
     records (module docstring)."""
 
-    def __init__(self, app: faust.App, handle: Handle) -> None:
+    def __init__(
+        self, app: faust.App, handle: Handle, *, written_last: frozenset[str] = frozenset()
+    ) -> None:
         self._app = app
         self._handle = handle
+        self._written_last = written_last
         self._lanes: dict[Any, deque[Any]] = {}
         self._workers: dict[Any, asyncio.Task[None]] = {}
         self._held_back: set[Any] = set()
@@ -134,9 +145,9 @@ class PartitionLanes:
         flow_control = app.flow_control
         wait_for_producer = app.producer.buffer.wait_until_ebb
         inbound = cast(Any, app.monitor).stream_inbound_time  # faust's stuck-stream check
-        message_out = app.sensors.on_message_out
         let_fetch_below = MAX_WAITING // 4
-        since_yield = 0
+        batch = ChangelogBatch(self._written_last)
+        handled: list[Any] = []
         try:
             while lane:
                 message = lane.popleft()
@@ -155,14 +166,15 @@ class PartitionLanes:
                 inbound[tp] = time.monotonic()
                 current = _CurrentRecord(message)
                 _current_event.set(weakref.ref(cast(Any, current)))
-                await self._handle(message)
-                consumer.ack(message)
-                message_out(tp, message.offset, message)
-                self.handled += 1
-                since_yield += 1
-                if since_yield >= YIELD_EVERY:
-                    since_yield = 0
-                    await asyncio.sleep(0)
+                with collecting(batch):
+                    await self._handle(message)
+                handled.append(message)
+                if len(handled) >= BATCH_RECORDS or not lane:
+                    await self._close(tp, batch, handled)
+                    batch, handled = ChangelogBatch(self._written_last), []
+                    await asyncio.sleep(0)  # a long lane lets the others run
+            if handled:  # the flow stopped: what was handled is kept and acknowledged
+                await self._close(tp, batch, handled)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -175,6 +187,18 @@ class PartitionLanes:
             _current_event.set(None)
             if self._workers.get(tp) is asyncio.current_task():
                 del self._workers[tp]
+
+    async def _close(self, tp: Any, batch: ChangelogBatch, handled: list[Any]) -> None:
+        """Hand the producer the batch's changelog records, then acknowledge its records: an
+        offset is committed only after the writes of every record before it are on their way
+        (`handlers/changelog_batches.py`)."""
+        await batch.send(self._app.producer)
+        consumer = cast(Any, self._app.consumer)
+        message_out = self._app.sensors.on_message_out
+        for message in handled:
+            consumer.ack(message)
+            message_out(tp, message.offset, message)
+        self.handled += len(handled)
 
 
 class _CurrentRecord:
@@ -189,13 +213,19 @@ class _CurrentRecord:
 _registry: weakref.WeakKeyDictionary[Any, dict[str, PartitionLanes]] = weakref.WeakKeyDictionary()
 
 
-def deliver_in_lanes(app: faust.App, topic: str, handle: Handle) -> PartitionLanes:
+def deliver_in_lanes(
+    app: faust.App, topic: str, handle: Handle, *, written_last: frozenset[str] = frozenset()
+) -> PartitionLanes:
     """Have *app*'s consumer hand every record of *topic* to *handle*, in lanes per partition.
+
+    Table writes of a batch of records reach the changelog once per key when the batch ends,
+    those of the tables named in *written_last* after the others
+    (`handlers/changelog_batches.py`).
 
     The topic must be subscribed by the App (`app.topics.add`) with acknowledgements on, and
     the App must use the seek-safe consumer (`handlers/faust_app.py`), whose fetch loop
     offers the records."""
-    lanes = PartitionLanes(app, handle)
+    lanes = PartitionLanes(app, handle, written_last=written_last)
     _registry.setdefault(app, {})[topic] = lanes
     app.flow_control.manage_queue(cast(Any, lanes))
     return lanes

@@ -47,8 +47,13 @@ def settings_for(
 
 @asynccontextmanager
 async def running(
-    settings: Settings, sink: Callable[[str, CloudEvent, RecordInfo], Awaitable[None]]
+    settings: Settings,
+    sink: Callable[[str, CloudEvent, RecordInfo], Awaitable[None]],
+    *,
+    before_start: Callable[[Intake], None] | None = None,
 ) -> AsyncIterator[Intake]:
+    """The intake of *settings* running on the broker, with *before_start* (declaring a Table,
+    say) called on it before its App starts."""
     intake = build_intake(
         settings,
         sink=sink,
@@ -62,6 +67,8 @@ async def running(
         broker_heartbeat_interval=1.0,
         broker_rebalance_timeout=10.0,
     )
+    if before_start is not None:
+        before_start(intake)
     async with faust_app_running(intake.app, stop_timeout=30):
         yield intake
 

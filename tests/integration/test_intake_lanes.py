@@ -1,6 +1,6 @@
 """Stage 2's partition lanes against the real broker: each key's events in order, a slow key
-holding up only its own partition, and the seen-set's changelog written to the partition of
-the record being handled.
+holding up only its own partition, the seen-set's changelog written to the partition of
+the record being handled, and a key's Table entry written once per batch of its records.
 
 Which keyed partition a key lands on is computed with kafka-python's murmur2 (the Java
 client's default partitioner), not with anything of tuneloop's.
@@ -129,3 +129,52 @@ async def test_a_key_whose_sink_call_hangs_holds_up_only_its_own_partition(
             what="the held-up partition to go on once released",
         )
     assert received == {key: list(range(5)) for key in keys}
+
+
+def changelog_records(bootstrap: str, changelog: str) -> list[Any]:
+    """Every record of *changelog*, each partition's in order."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000
+    )
+    try:
+        consumer.assign([TopicPartition(changelog, p) for p in range(PARTITIONS)])
+        return list(consumer)
+    finally:
+        consumer.close()
+
+
+async def test_a_keys_backlog_writes_its_table_entry_once_per_batch_and_a_restart_recovers_it(
+    kafka_bootstrap, new_topic
+) -> None:
+    topic, dlq, group = new_topic("in"), new_topic("dlq"), f"it-{uuid.uuid4().hex[:8]}"
+    settings = settings_for(kafka_bootstrap, topic, dlq, group, internal_partitions=PARTITIONS)
+    key = "model-0"
+    backlog = 60
+    tables: dict[str, Any] = {}
+
+    def with_a_count_table(intake: Any) -> None:
+        tables["counts"] = intake.app.Table(
+            "it-counts", default=None, partitions=PARTITIONS, value_type=bytes
+        )
+
+    async def count(rule_key: str, event: CloudEvent, info: RecordInfo) -> None:
+        counts = tables["counts"]
+        counts[rule_key] = str(int(counts.get(rule_key) or b"0") + 1).encode()
+
+    await produce(kafka_bootstrap, topic, interleaved([key], backlog))
+    async with running(settings, count, before_start=with_a_count_table):
+        await until(lambda: tables["counts"].get(key) == b"60", what="the whole backlog counted")
+
+    written = await asyncio.to_thread(
+        changelog_records, kafka_bootstrap, f"{group}-it-counts-changelog"
+    )
+    assert [json.loads(record.key) for record in written] == [key] * len(written)
+    assert 1 <= len(written) < backlog  # one per batch of the lane, not one per event
+    assert written[-1].value == b"60"
+    assert {record.partition for record in written} == {keyed_partition(key)}
+
+    # the next owner of the partition recovers the count from the changelog and goes on
+    more = [(DRIFT, binary_headers(ce_id=f"{key}/{backlog}", ce_partitionkey=key), None)]
+    await produce(kafka_bootstrap, topic, more)
+    async with running(settings, count, before_start=with_a_count_table):
+        await until(lambda: tables["counts"].get(key) == b"61", what="the count to go on")

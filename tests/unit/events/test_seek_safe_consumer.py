@@ -185,7 +185,7 @@ async def test_a_stream_partition_with_nothing_or_zero_committed_is_read_again_f
     assert consumer._read_offset[five] == 5
 
 
-def lane_record(offset: int) -> Any:
+def lane_record(offset: int, *, key: bytes | None = None) -> Any:
     """A faust Message of the lane topic, fetched in the consumer's first generation."""
     return Message(
         PARTITION.topic,
@@ -194,7 +194,7 @@ def lane_record(offset: int) -> Any:
         0.0,
         0,
         [],
-        None,
+        key,
         b"{}",
         None,
         tp=TopicPartition(PARTITION.topic, PARTITION.partition),  # aiokafka's, as fetched
