@@ -35,6 +35,9 @@ There is no container engine on a developer's machine or in CI here, so the loca
   before anything is mounted, and the project, the interpreter and the cache are bound back
   on themselves where a volume covers them, so an emptyDir on /tmp hides neither a clone under
   /tmp nor the agent's own directory (`mount_script`);
+- gives each container an empty file of its own on its `terminationMessagePath` (default
+  /dev/termination-log) and reports what the container wrote there as its terminated message,
+  else, for `FallbackToLogsOnError`, the log's tail, as a kubelet does;
 - maps tuneloop's two images, any tag, to this project's environment (the interpreter running
   the agent, its `bin/` first on PATH): the trainer (`ghcr.io/tuneloop/lora-trainer`:
   entrypoint `torchrun --module runtimes.trainer`, the image's ENV, working directory
@@ -106,6 +109,17 @@ JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 """The labels the JobSet controller (v0.12.0, api/jobset/v1alpha2 and its pod labelling) puts
 on every pod of a JobSet; the Trainer names a TrainJob's JobSet after the TrainJob."""
+
+FALLBACK_TO_LOGS = "FallbackToLogsOnError"
+"""The `terminationMessagePolicy` under which a failed container with nothing in its
+termination-message file gets its log's tail (80 lines, 2 KiB) as its message."""
+
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_BYTES = 4096
+"""A container's `terminationMessagePath` when it names none, and how much of that file the
+kubelet keeps as its terminated message (core/v1 Container; the kubelet reads the file before
+it falls back to the log's tail). The agent bind-mounts a file of the container's own there;
+the first container to run makes an empty /dev/termination-log on the host to mount on."""
 
 HOLD_LABEL = "tuneloop.io/node-agent"
 HOLD_VALUE = "hold"
@@ -766,6 +780,19 @@ class PodRunner:
         # A restarted container gets a new one, as it gets a new writable layer.
         scratch = self.directory / "rootfs" / f"{container.name}-{container.restart_count}"
         workdir = private_working_dir(working_dir, own_mounts, scratch)
+        # As the kubelet does: an empty file of the container's own on its
+        # terminationMessagePath, whose words become its terminated message.
+        termination = (
+            self.directory / "termination" / (f"{container.name}-{container.restart_count}")
+        )
+        self._write_file(termination, b"")
+        own_mounts.append(
+            Mount(
+                termination,
+                container.spec.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH,
+                directory=False,
+            )
+        )
         if workdir is not None:
             scratch.mkdir(parents=True, exist_ok=True)
             image_files.append(workdir)
@@ -819,8 +846,12 @@ class PodRunner:
             "startedAt": started,
             "finishedAt": _now(),
         }
-        if code != 0 and container.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            # As the kubelet does: the log's last 80 lines, at most 2 KiB of its end.
+        told = termination.read_bytes()[:TERMINATION_MESSAGE_BYTES]
+        if told.strip():
+            # As the kubelet does: what the container wrote there, whatever its exit code.
+            terminated["message"] = told.decode("utf-8", errors="replace")
+        elif code != 0 and container.spec.get("terminationMessagePolicy") == FALLBACK_TO_LOGS:
+            # Else, as the kubelet does: the log's last 80 lines, at most 2 KiB of its end.
             tail = b"\n".join((logs / f"{container.name}.log").read_bytes().splitlines()[-80:])
             terminated["message"] = tail[-2048:].decode("utf-8", errors="replace")
         container.state = {"terminated": terminated}

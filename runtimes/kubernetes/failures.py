@@ -1,11 +1,13 @@
-"""Why a TrainJob failed, in words a user can act on: the controller's reason plus the
-failing container's last log lines.
+"""Why a TrainJob failed, in words a user can act on: the controller's reason plus what the
+failing container said.
 
 Called by `KubernetesBackend` when a TrainJob reaches `Failed`. The Trainer's condition says
-only that the JobSet failed; what went wrong is in the trainer's log. The shipped runtimes set
-`terminationMessagePolicy: FallbackToLogsOnError` on the trainer container, so the kubelet
-copies the log's tail (80 lines, 2 KiB) into the container's `terminated.message` when it
-exits non-zero: the worker reads it from the pod's status, which needs only `list`/`watch`
+only that the JobSet failed; what went wrong is the trainer's to say. A failing trainer writes
+its one-line reason to the container's termination-message file, which the kubelet reports as
+`terminated.message` (`runtimes/trainer/__main__.py`); a container that wrote nothing there
+(a crash before the trainer ran, an init container) gets its log's tail (80 lines, 2 KiB),
+as the shipped runtimes set `terminationMessagePolicy: FallbackToLogsOnError`. The worker
+reads it from the pod's status, which needs only `list`/`watch`
 on pods, not the logs API or a shared volume. The JobSet controller deletes a failed JobSet's
 Jobs (and so its pods) as it fails, often before the TrainJob says `Failed`, so the backend
 watches the pods while jobs run (`pod_watching.py`) and keeps what they said. Pure.
@@ -52,10 +54,10 @@ def failed_container(pods: Iterable[Mapping[str, Any]]) -> tuple[str, int, str] 
 def failure_message(
     condition_message: str | None, failed: tuple[str, int, str] | None
 ) -> str | None:
-    """The condition's message, followed by the failing container's log tail if one left it
-    (*failed* as `failed_container` gives it)."""
+    """The condition's message, followed by the failing container's terminated message if one
+    left it (*failed* as `failed_container` gives it)."""
     if failed is None:
         return condition_message
-    where, code, tail = failed
+    where, code, said = failed
     told = f"{condition_message}\n" if condition_message else ""
-    return f"{told}{where} exited with code {code}; the last lines of its log:\n{tail.rstrip()}"
+    return f"{told}{where} exited with code {code} and said:\n{said.rstrip()}"

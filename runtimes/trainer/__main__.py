@@ -8,7 +8,8 @@ Settings and their precedence are documented in docs/trainer.md (`runtimes/train
 holds them). Exit codes: 0 success (`result.json` written, and published when `output_uri`
 is set), 1 unexpected failure or a storage failure (an upload that failed: no manifest),
 2 bad input (never retry as is), 3 out of memory (retry with smaller settings). On failure the
-error is printed as one JSON line on stdout and written to `<output_dir>/failure.json`.
+error is printed as one JSON line on stdout and written to `<output_dir>/failure.json`, and
+in a pod its one-line reason goes to the container's termination message (`_tell_the_kubelet`).
 Under torchrun (Kubeflow sets `PET_*`) every rank runs this; only rank 0 reports and writes.
 Rank 0 also reports progress and metrics to Kubeflow's status server when the TrainJob has one
 (`KUBEFLOW_TRAINER_SERVER_URL`, `runtimes/trainer/kubeflow_status.py`), and logs the run to
@@ -17,6 +18,7 @@ MLflow when `TUNELOOP_MLFLOW_TRACKING_URI` is set (`runtimes/tracking/`, docs/tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -84,6 +86,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+TERMINATION_MESSAGE_PATH = Path("/dev/termination-log")
+"""A container's `terminationMessagePath` unless its pod spec names another (the shipped
+runtimes don't): the kubelet reports what the container wrote there as its terminated message,
+before any log tail."""
+
+TERMINATION_MESSAGE_BYTES = 4096
+"""What the kubelet keeps of that file."""
+
+
+def _tell_the_kubelet(reason: str) -> None:
+    """In a pod, write *reason* where the kubelet takes the container's terminated message from.
+
+    Without it the message is the log's last 2 KiB (`FallbackToLogsOnError`), and torchrun's
+    traceback, printed after the trainer's own line, could push the reason out of it: the
+    worker's failure event then said "ain: dataset not found". Outside a pod (no
+    `KUBERNETES_SERVICE_HOST`, which the kubelet sets for every container) nothing is written.
+    """
+    if "KUBERNETES_SERVICE_HOST" not in os.environ or not TERMINATION_MESSAGE_PATH.exists():
+        return
+    with contextlib.suppress(OSError):  # the log's tail still carries it
+        TERMINATION_MESSAGE_PATH.write_bytes(reason.encode()[:TERMINATION_MESSAGE_BYTES])
+
+
 def _fail(error: Failure, output_dir: str | None, is_main: bool) -> int:
     if not is_main:
         return error.exit_code
@@ -91,6 +116,7 @@ def _fail(error: Failure, output_dir: str | None, is_main: bool) -> int:
     sys.stdout.write(json.dumps({"event": "failed", **payload}) + "\n")
     sys.stdout.flush()
     sys.stderr.write(f"tuneloop-train: {error.message}\n")
+    _tell_the_kubelet(f"tuneloop-train: {error.message}\n")
     if output_dir:
         try:
             target = Path(output_dir)

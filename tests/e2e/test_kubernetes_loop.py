@@ -192,10 +192,11 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
     good = f"{s3_prefix}/datasets/reverse.jsonl"
     store.put(good, reverse_dataset.read_bytes())
     adapters = f"{s3_prefix}/adapters"
-    # A short path on purpose: the kubelet keeps only a failed container's last 2 KiB of log,
-    # and torchrun's own traceback after the trainer's line takes most of it (more the longer
-    # the checkout's path; CI on 7fbf944 cut the trainer's line to "ain: dataset not found")
-    missing = "file:///nonexistent/no-such-dataset.jsonl"
+    # A long path on purpose: the kubelet keeps only a failed container's last 2 KiB of log,
+    # and torchrun's own traceback after the trainer's line takes most of it (CI on 7fbf944
+    # cut the trainer's line to "ain: dataset not found"). The reason must come whole from
+    # the container's termination-message file, where the trainer writes it.
+    missing = "file:///nonexistent/" + "deep/" * 200 + "no-such-dataset.jsonl"
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES.format(model=tiny_model_dir, adapters=adapters))
     loop = Loop(api, control_plane, namespace)
@@ -343,18 +344,19 @@ async def test_trainjobs_run_on_the_real_controllers_and_each_ends_in_exactly_on
     assert len(written) == 1, written
     assert not (Path(WORKSPACE_OUTPUT) / job).exists()
 
-    # (b) A bad dataset: the Trainer said Failed; the event has the reason and the log tail.
+    # (b) A bad dataset: the Trainer said Failed; the event has the reason and the trainer's words.
     broken_end = by_key["m-broken"]
     assert broken_end.type == FAILED
     failed = condition(jobs[str(broken_end.data["job"])], "Failed")
     assert failed is not None
     assert broken_end.data["reason"] == failed["reason"]
     assert failed["message"] in broken_end.data["message"]
-    # The trainer's own last words, copied from the log by the kubelet (here the node agent).
+    # The trainer's own words, from its termination-message file by the kubelet (here the
+    # node agent), whatever torchrun printed after them.
     told = str(broken_end.data["message"])
     assert "exited with code" in told, told
     assert "tuneloop-train: dataset not found" in told, told
-    assert "no-such-dataset.jsonl" in told, told
+    assert "deep/" * 200 + "no-such-dataset.jsonl" in told, told
 
     # (c) Replaced: its TrainJob is gone and its one event says it was cancelled.
     assert old_name not in jobs

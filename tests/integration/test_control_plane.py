@@ -151,6 +151,39 @@ def test_a_failing_command_fails_its_pod_with_its_exit_code_and_the_job(
     assert (terminated.exit_code, terminated.reason) == (3, "Error")
 
 
+@pytest.mark.parametrize("path", [None, "/tmp/why-it-stopped"])
+def test_what_a_container_writes_to_its_termination_message_path_is_its_terminated_message(
+    control_plane: LocalControlPlane, api: client.ApiClient, namespace: str, path: str | None
+) -> None:
+    # a reason, then more than the log tail's 2 KiB of traceback-like noise (as torchrun's)
+    where = path or "/dev/termination-log"
+    code = (
+        f"open({where!r}, 'w').write('the reason\\n'); import sys; "
+        "[print('noise ' * 20, file=sys.stderr) for _ in range(60)]; raise SystemExit(1)"
+    )
+    extra: dict[str, Any] = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    if path is not None:
+        extra["terminationMessagePath"] = path
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "tells"},
+            "spec": {"restartPolicy": "Never", "containers": [python_container(code, **extra)]},
+        },
+    )
+
+    def failed() -> client.V1Pod | None:
+        pod = only_pod(core, namespace)
+        return pod if pod is not None and pod.status.phase == "Failed" else None
+
+    pod = eventually(failed, what="the pod to fail")
+
+    terminated = pod.status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.message) == (1, "the reason\n")
+    assert "noise" in container_log(control_plane, pod)  # the log's tail would have said that
+
+
 def test_a_jobset_completes_and_its_pods_resolve_their_names_to_loopback(
     api: client.ApiClient, namespace: str
 ) -> None:

@@ -63,7 +63,7 @@ def test_a_failure_names_the_container_that_failed_first_and_its_log_tail() -> N
     ]
 
     assert failure_message("jobset failed", failed_container(pods)) == (
-        "jobset failed\njob-node-0-0/node exited with code 1; the last lines of its log:\n"
+        "jobset failed\njob-node-0-0/node exited with code 1 and said:\n"
         "Traceback ...\nDatasetNotFoundError: x"
     )
 
