@@ -57,7 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from bench import events, topics, worker_process
+from bench import events, profiling, topics, worker_process
+from bench.report import Results, Section
 
 RATE = 100.0
 """Alarms per second of the steady phase: every event launches."""
@@ -343,6 +344,9 @@ class Phase:
     count: int
     rate: float
     launch_every: int = 1
+    profiled: bool = False
+    """Sampled with py-spy: a phase of its own after the measured ones, as the sampler takes
+    CPU from the machine the measured phases share."""
 
 
 @dataclass(frozen=True)
@@ -355,6 +359,7 @@ class PhaseResult:
     sustained: float
     cpu: CpuUse | None
     launches: int
+    profile: profiling.Profile | None = None
 
 
 async def _end_to_end(
@@ -427,13 +432,21 @@ async def _end_to_end(
                     for i in range(phase.count)
                 ]
                 sent: dict[str, float] = {}
+                raw_profile = workdir / f"profile-e2e-{tag}-{number}.txt"
                 meter = _CpuMeter.started(meter_pids)
-                async for index in _steady(phase.count, phase.rate):
-                    sent[ids[index]] = time.perf_counter()
-                    key, value, headers = records[index]
-                    await producer.send(names.events, value=value, key=key, headers=list(headers))
-                alarm_ids = [ids[i] for i in alarms]
-                await watched.wait_for(alarm_ids, timeout=60 + phase.count / phase.rate)
+                with (
+                    profiling.recording(worker.pid, raw_profile)
+                    if phase.profiled
+                    else contextlib.nullcontext()
+                ):
+                    async for index in _steady(phase.count, phase.rate):
+                        sent[ids[index]] = time.perf_counter()
+                        key, value, headers = records[index]
+                        await producer.send(
+                            names.events, value=value, key=key, headers=list(headers)
+                        )
+                    alarm_ids = [ids[i] for i in alarms]
+                    await watched.wait_for(alarm_ids, timeout=60 + phase.count / phase.rate)
                 seen = {i: watched.by_event[i] for i in alarm_ids if i in watched.by_event}
                 results.append(
                     PhaseResult(
@@ -442,6 +455,9 @@ async def _end_to_end(
                         sustained=_launch_rate(list(seen.values())),
                         cpu=meter.stop(),
                         launches=len(seen),
+                        profile=profiling.summarize(raw_profile.read_text())
+                        if raw_profile.exists()
+                        else None,
                     )
                 )
     finally:
@@ -512,7 +528,7 @@ def _latency_rows(
     return rows
 
 
-def run(*, quick: bool) -> list[dict[str, object]]:  # noqa: PLR0915 -- one straight-line run
+def run(*, quick: bool) -> Results:  # noqa: PLR0915 -- one straight-line run
     import structlog
     from kubernetes import client
 
@@ -520,6 +536,7 @@ def run(*, quick: bool) -> list[dict[str, object]]:  # noqa: PLR0915 -- one stra
     from devservices.kafka import kafka_for_tests
 
     count, light_count, mix_seconds = (100, 20, 5) if quick else (1000, 200, 20)
+    profiled_count = count // 2
     mix = Phase(int(MIX_RATE * mix_seconds), MIX_RATE, launch_every=round(1 / MIX_LAUNCHING))
     raw_mix_count = int(MIX_RATE * min(mix_seconds, 10))
     logging_config = structlog.get_config()
@@ -551,14 +568,23 @@ def run(*, quick: bool) -> list[dict[str, object]]:  # noqa: PLR0915 -- one stra
             attempts: list[str] = []
             while True:  # one more try with a fresh worker: see WORKER_TRIES
                 try:
-                    light, steady, mixed = asyncio.run(
+                    light, steady, mixed, *sampled = asyncio.run(
                         _end_to_end(
                             bootstrap,
                             watch_client,
                             kubeconfig=kube.kubeconfig,
                             namespace=_held_namespace(api_client, "bench-e2e"),
                             workdir=Path(workdir),
-                            phases=[Phase(light_count, LIGHT_RATE), Phase(count, RATE), mix],
+                            phases=[
+                                Phase(light_count, LIGHT_RATE),
+                                Phase(count, RATE),
+                                mix,
+                                *(
+                                    [Phase(profiled_count, RATE, profiled=True)]
+                                    if profiling.py_spy() is not None
+                                    else []
+                                ),
+                            ],
                             pids=pids,
                         )
                     )
@@ -634,7 +660,24 @@ def run(*, quick: bool) -> list[dict[str, object]]:  # noqa: PLR0915 -- one stra
         rows.append(
             _cpu_row(steady.cpu, launches=steady.launches, bare=bare_cpu, creates=len(bare))
         )
-    return rows
+    profile = sampled[0].profile if sampled else None
+    return Results(rows=rows, sections=[] if profile is None else [_profile_section(profile)])
+
+
+def _profile_section(profile: profiling.Profile) -> Section:
+    body = (
+        f"`py-spy record --nonblocking --function --rate 200` on the `tuneloop run` worker "
+        f"process during one more phase of {RATE:g} launching events/s, after the measured ones "
+        "(the sampler takes CPU from the machine those share): each event its own key, each "
+        "launching a TrainJob on the local API server (`bench/endtoend.py`, "
+        "`bench/profiling.py`). Time in `EpollSelector.select` is the worker waiting for "
+        "the broker or the API server; socket writes on loopback include the kernel's "
+        "delivery to the receiving process.\n\n"
+    )
+    return Section(
+        title=f"Profile: the worker at {RATE:g} launching events/s",
+        body=body + profiling.markdown(profile),
+    )
 
 
 def _worker_cpu_row(
@@ -695,5 +738,8 @@ def _cpu_row(
 
 
 if __name__ == "__main__":
-    for row in run(quick="--quick" in sys.argv):
+    results = run(quick="--quick" in sys.argv)
+    for row in results.rows:
         print(json.dumps(row))
+    for section in results.sections:
+        print(f"## {section.title}\n\n{section.body}")
