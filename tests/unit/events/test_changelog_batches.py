@@ -38,14 +38,19 @@ class ProducerStandIn:
         self._steps.append(("send", topic.rsplit("-", 2)[-2], json.loads(key), value, partition))
 
 
-def app_with_tables(steps: list[tuple[Any, ...]]) -> tuple[faust.App, Any, Any]:
-    app = faust.App(
-        "batch-test",
+def batching_app(store: str) -> faust.App:
+    """An App whose Tables are `BatchedChangelogTable`s, kept in *store*."""
+    return faust.App(
+        f"batch-test-{store.split(':', maxsplit=1)[0]}",
         broker="kafka://127.0.0.1:1",
         web_enabled=False,
-        store="memory://",
+        store=store,
         Table=BatchedChangelogTable,
     )
+
+
+def app_with_tables(steps: list[tuple[Any, ...]]) -> tuple[faust.App, Any, Any]:
+    app = batching_app("memory://")
     use_seek_safe_consumer(app)
     counts = app.Table("counts", default=None, partitions=1, value_type=bytes)
     seen = app.Table("seen", default=None, partitions=1)
@@ -146,12 +151,6 @@ class CurrentRecord:
 
 
 def test_a_table_kept_anywhere_but_in_memory_is_refused_at_declaration() -> None:
-    app = faust.App(
-        "batch-test-rocks",
-        broker="kafka://127.0.0.1:1",
-        web_enabled=False,
-        store="rocksdb://",
-        Table=BatchedChangelogTable,
-    )
+    app = batching_app("rocksdb://")
     with pytest.raises(ConfigError, match="in-memory"):
         app.Table("counts", default=None, partitions=1)
