@@ -782,9 +782,7 @@ class PodRunner:
         workdir = private_working_dir(working_dir, own_mounts, scratch)
         # As the kubelet does: an empty file of the container's own on its
         # terminationMessagePath, whose words become its terminated message.
-        termination = (
-            self.directory / "termination" / (f"{container.name}-{container.restart_count}")
-        )
+        termination = self.directory / "termination" / f"{container.name}-{container.restart_count}"
         self._write_file(termination, b"")
         own_mounts.append(
             Mount(

@@ -55,11 +55,6 @@ class ChangelogBatch:
         self._written_last = written_last
         self._pending: dict[tuple[str, int, Any], tuple[BatchedChangelogTable, Any, Any]] = {}
         self.closed = False
-        self.writes = 0
-        """Table writes this batch took in (the records it sends are at most as many)."""
-
-    def __len__(self) -> int:
-        return len(self._pending)
 
     def add(
         self, table: BatchedChangelogTable, partition: int, key: Any, value: Any, serializer: Any
@@ -69,12 +64,11 @@ class ChangelogBatch:
         slot = (table.name, partition, key)
         self._pending.pop(slot, None)  # re-inserted: the order is that of the last writes
         self._pending[slot] = (table, value, serializer)
-        self.writes += 1
 
-    async def send(self, producer: Any) -> int:
+    async def send(self, producer: Any) -> None:
         """Hand every owed record to *producer* (faust's), the `written_last` tables' after the
-        others, each table's in the order of its keys' last writes; returns how many. Writes
-        made after this go through faust's own path."""
+        others, each table's in the order of its keys' last writes. Writes made after this go
+        through faust's own path."""
         self.closed = True
         pending = list(self._pending.items())
         self._pending.clear()
@@ -90,16 +84,15 @@ class ChangelogBatch:
             await producer.send(
                 topic.get_topic_name(), key_bytes, value_bytes, partition, None, headers
             )
-        return len(pending)
 
 
 @contextmanager
-def collecting(batch: ChangelogBatch) -> Iterator[ChangelogBatch]:
+def collecting(batch: ChangelogBatch) -> Iterator[None]:
     """Make the Table writes of this task (and of the tasks it starts) go to *batch* until
     the block ends or the batch is sent."""
     token = _open_batch.set(batch)
     try:
-        yield batch
+        yield
     finally:
         _open_batch.reset(token)
 
