@@ -7,10 +7,10 @@ its one-line reason to the container's termination-message file, which the kubel
 `terminated.message` (`runtimes/trainer/__main__.py`); a container that wrote nothing there
 (a crash before the trainer ran, an init container) gets its log's tail (80 lines, 2 KiB),
 as the shipped runtimes set `terminationMessagePolicy: FallbackToLogsOnError`. The worker
-reads it from the pod's status, which needs only `list`/`watch`
-on pods, not the logs API or a shared volume. The JobSet controller deletes a failed JobSet's
-Jobs (and so its pods) as it fails, often before the TrainJob says `Failed`, so the backend
-watches the pods while jobs run (`pod_watching.py`) and keeps what they said. Pure.
+reads it from the pod's status, which needs only `list`/`watch` on pods, not the logs API or
+a shared volume. The JobSet controller deletes a failed JobSet's Jobs (and so its pods) as it
+fails, often before the TrainJob says `Failed`, so the backend watches the pods while jobs
+run (`pod_watching.py`) and keeps what they said. Pure.
 """
 
 from __future__ import annotations
