@@ -583,13 +583,15 @@ class ManagedProcess:
     def running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
-    def stop(self) -> None:
+    def stop(self, *, grace: float = _STOP_GRACE_SECONDS) -> None:
+        """SIGTERM the process group, and SIGKILL it if it has not exited after *grace*
+        seconds (0: at once, as a crash would end it)."""
         popen, self.popen = self.popen, None
         if popen is not None and popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(popen.pid, signal.SIGTERM)
+                os.killpg(popen.pid, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
             try:
-                popen.wait(timeout=_STOP_GRACE_SECONDS)
+                popen.wait(timeout=grace if grace > 0 else None)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(popen.pid, signal.SIGKILL)
