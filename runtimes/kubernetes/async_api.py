@@ -1,8 +1,9 @@
 """`AsyncCustomObjects`: create, read and delete namespaced custom objects on one pooled
 `aiohttp.ClientSession`, on the event loop (issue 17: no thread per call on the launch path).
 
-`KubernetesBackend` creates, reads (after a `409`, and to cancel) and deletes TrainJobs
-through it (`custom_objects` picks it); its list and watch stay on the synchronous client.
+`KubernetesBackend` creates, reads (after a `409`, and to cancel), deletes and watches
+TrainJobs through it (`custom_objects` picks it); its list, once per (re)start of the watch,
+stays on the synchronous client.
 Everything it connects with is read from the same `kubernetes.client.ApiClient` the
 synchronous client uses, so a kubeconfig, the in-cluster ServiceAccount and the local control
 plane work alike:
@@ -36,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 from urllib.parse import quote
@@ -45,6 +46,10 @@ import aiohttp
 from kubernetes.client import ApiClient, CustomObjectsApi, rest
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import should_bypass_proxies
+from kubernetes.watch.watch import iter_resp_lines
+
+_response_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
+"""The synchronous client's own line splitter for a streamed watch response (typed here)."""
 
 
 def supports(api_client: ApiClient) -> bool:
@@ -91,6 +96,20 @@ class CustomObjects(Protocol):
 
     async def delete(self, name: str, *, propagation_policy: str) -> None:
         """Delete the object *name* (`Background`: its dependents follow)."""
+        ...
+
+    def watch(
+        self,
+        *,
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        connect_timeout: float,
+    ) -> AsyncGenerator[str | bytes, None]:
+        """The lines of a watch of the objects with *label_selector* after
+        *resource_version*, with bookmarks: one JSON watch event each, until the server ends
+        the watch after *timeout_seconds*. An error status is raised before the first line;
+        close the generator to leave early."""
         ...
 
     async def aclose(self) -> None:
@@ -164,6 +183,51 @@ class AsyncCustomObjects(CustomObjects):
             decode=False,
         )
 
+    async def watch(
+        self,
+        *,
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        connect_timeout: float,
+    ) -> AsyncGenerator[str | bytes, None]:
+        params = {
+            "watch": "true",
+            "labelSelector": label_selector,
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        # Not the session's bound on a whole call: a watch lasts as long as the server keeps
+        # it open, and only a silence past its own timeout means the connection is gone.
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout, sock_read=timeout_seconds + 10
+        )
+        session = self._session_here()
+        async with session.get(
+            self._base + self._collection.path(),
+            params=params,
+            headers=self._request_headers(with_body=False),
+            proxy=self._proxy,
+            proxy_headers=self._proxy_headers,
+            server_hostname=self._server_hostname,
+            timeout=timeout,
+        ) as response:
+            if not 200 <= response.status < 300:
+                raise _api_exception(response, await response.read())
+            pending = bytearray()
+            async for chunk in response.content.iter_any():
+                pending += chunk
+                start = 0
+                while (end := pending.find(b"\n", start)) >= 0:
+                    line = bytes(pending[start:end])
+                    start = end + 1
+                    if line.strip():
+                        yield line
+                del pending[:start]
+            if pending.strip():
+                yield bytes(pending)
+
     async def aclose(self) -> None:
         session, self._session, self._loop = self._session, None, None
         if session is not None and not session.closed:
@@ -215,12 +279,17 @@ class AsyncCustomObjects(CustomObjects):
         ) as response:
             payload = await response.read()
             if not 200 <= response.status < 300:
-                error = ApiException(status=response.status, reason=response.reason)
-                error.body = payload.decode("utf-8", errors="replace")
-                error.headers = response.headers
-                raise error
+                raise _api_exception(response, payload)
         document: dict[str, Any] = json.loads(payload) if decode and payload else {}
         return document
+
+
+def _api_exception(response: aiohttp.ClientResponse, payload: bytes) -> ApiException:
+    """An error answer as the synchronous client raises it."""
+    error = ApiException(status=response.status, reason=response.reason)
+    error.body = payload.decode("utf-8", errors="replace")
+    error.headers = response.headers
+    return error
 
 
 class ThreadedCustomObjects(CustomObjects):
@@ -275,6 +344,40 @@ class ThreadedCustomObjects(CustomObjects):
             propagation_policy=propagation_policy,
             _request_timeout=self._timeout,
         )
+
+    async def watch(
+        self,
+        *,
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        connect_timeout: float,
+    ) -> AsyncGenerator[str | bytes, None]:
+        c = self._collection
+        response: Any = await asyncio.to_thread(
+            self._api.list_namespaced_custom_object,
+            c.group,
+            c.version,
+            c.namespace,
+            c.plural,
+            label_selector=label_selector,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            _request_timeout=(connect_timeout, timeout_seconds + 10),
+        )
+        lines = _response_lines(response)
+        try:
+            while (line := await asyncio.to_thread(next, lines, None)) is not None:
+                yield line
+        finally:
+            # Close, not just release: a watch left early still has chunks in flight, and a
+            # pooled connection with unread bytes makes the next request on the same client
+            # fail with BadStatusLine (seen when the orchestrator stopped mid-job).
+            response.close()
+            response.release_conn()
 
     async def aclose(self) -> None:
         """Nothing: the `ApiClient` is its owner's to close."""

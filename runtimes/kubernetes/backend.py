@@ -1,11 +1,12 @@
 """`KubernetesBackend`: tuneloop's jobs as Kubeflow Trainer v2 TrainJobs.
 
 Wired by `handlers/app.py`; implements `orchestrator.ports.TrainingBackend`. It needs nothing
-but the Trainer CRDs. TrainJobs are created, read and deleted on the event loop through one
-pooled aiohttp session (`async_api.py`, on the connection settings of the `CustomObjectsApi`
-it is given; issue 17: a thread per call cost CPU on every launch); lists and watches (of
-TrainJobs, runtimes and pods) go through the synchronous kubernetes client, each call in
-`asyncio.to_thread`. `aclose` closes the session (the worker does so on shutdown).
+but the Trainer CRDs. TrainJobs are created, read, deleted and watched on the event loop through
+one pooled aiohttp session (`async_api.py`, on the connection settings of the
+`CustomObjectsApi` it is given; issue 17: a thread per call, and per line of a watch, cost
+CPU on every launch); lists (of TrainJobs, runtimes and pods) and the pod watch go through
+the synchronous kubernetes client, each call in `asyncio.to_thread`. `aclose` closes the
+session (the worker does so on shutdown).
 
 * `launch` - pick the runtime (`catalog.py`), build the TrainJob (`manifests.py`), create it.
   One attempt: 5xx/429/timeouts are raised as `TransientBackendError` carrying the server's
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -43,7 +44,6 @@ from typing import Any
 import structlog
 from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from orchestrator.clock import Clock
 from orchestrator.errors import BackendError, TransientBackendError
@@ -57,9 +57,6 @@ from runtimes.kubernetes.errors import foreign_object_error, is_transient, trans
 from runtimes.kubernetes.pod_watching import PodFailureWatch
 
 log = structlog.get_logger(__name__)
-
-_response_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
-"""The client's own line splitter for a streamed watch response (typed here)."""
 
 BACKEND_NAME = "kubernetes"
 INITIALIZER_JOBS = frozenset({"dataset-initializer", "model-initializer"})
@@ -588,45 +585,35 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
         Raises:
             _ResourceVersionGoneError: *version* is too old (410).
         """
-        timeout = self._settings.watch_timeout
-        try:
-            response: Any = await asyncio.to_thread(
-                self._api.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                manifests.PLURAL,
-                label_selector=SELECTOR,
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout,
-                _preload_content=False,
-                _request_timeout=(self._settings.request_timeout, timeout + 10),
-            )
-        except ApiException as exc:
-            if exc.status == 410:
-                raise _ResourceVersionGoneError from exc
-            if not is_transient(exc):
-                raise translate(exc, doing="watch TrainJobs") from exc
-            await self._sleep(self._settings.backoff_initial)
-            return
-        except Exception as exc:
-            if not is_transient(exc):
-                raise translate(exc, doing="watch TrainJobs") from exc
-            await self._sleep(self._settings.backoff_initial)
-            return
-        lines = _response_lines(response)
+        lines = self._objects.watch(
+            label_selector=SELECTOR,
+            resource_version=version,
+            timeout_seconds=self._settings.watch_timeout,
+            connect_timeout=self._settings.request_timeout,
+        )
+        answered = False  # whether the server answered: an error after that is a dropped line
         try:
             while True:
                 try:
-                    line = await asyncio.to_thread(next, lines, None)
+                    line = await anext(lines)
+                except StopAsyncIteration:
+                    return
+                except ApiException as exc:  # an error status: the server did not answer
+                    if exc.status == 410:
+                        raise _ResourceVersionGoneError from exc
+                    if not is_transient(exc):
+                        raise translate(exc, doing="watch TrainJobs") from exc
+                    await self._sleep(self._settings.backoff_initial)
+                    return
                 except Exception as exc:
                     if isinstance(exc, BackendError) or not is_transient(exc):
-                        raise
+                        if answered:
+                            raise
+                        raise translate(exc, doing="watch TrainJobs") from exc
+                    if not answered:
+                        await self._sleep(self._settings.backoff_initial)
                     return  # connection dropped: the caller watches again from `version`
-                if line is None:
-                    return
+                answered = True
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
@@ -637,8 +624,4 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
                     return
                 yield str(kind), obj
         finally:
-            # Close, not just release: a watch left early still has chunks in flight, and a
-            # pooled connection with unread bytes makes the next request on the same client
-            # fail with BadStatusLine (seen when the orchestrator stopped mid-job).
-            response.close()
-            response.release_conn()
+            await lines.aclose()

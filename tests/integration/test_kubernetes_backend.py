@@ -25,7 +25,7 @@ from orchestrator.errors import JobRejectedError, TransientBackendError
 from orchestrator.jobs.completion import CompletionPublisher
 from orchestrator.jobs.model import JobPhase, JobResult, TrainingRequest
 from orchestrator.testing import InMemoryCompletionStore, RecordingPublisher
-from runtimes.kubernetes import manifests
+from runtimes.kubernetes import async_api, manifests
 from runtimes.kubernetes.backend import BACKEND_NAME, BackendSettings, KubernetesBackend
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from tests.contract.backend_contract import request, until
@@ -166,31 +166,59 @@ async def test_a_job_found_without_a_record_gets_its_context_from_the_trainjob(
     assert completed.data["rule"] == job.rule
 
 
-class StaleFirstWatch:
-    """The real API, except that the first watch asks for a long-gone resourceVersion, as a
-    watcher does after a long outage. The server answers that with a real 410 Expired."""
+class CountedLists:
+    """The real API, counting the backend's lists of TrainJobs."""
 
     def __init__(self, api):
         self._api = api
         self.lists = 0
-        self.watches = 0
 
     def __getattr__(self, name):
         return getattr(self._api, name)
 
     def list_namespaced_custom_object(self, *args, **kwargs):
-        if kwargs.get("watch"):
-            self.watches += 1
-            if self.watches == 1:
-                kwargs["resource_version"] = "1"
-        else:
-            self.lists += 1
+        self.lists += 1
         return self._api.list_namespaced_custom_object(*args, **kwargs)
 
 
-async def test_a_410_makes_the_watcher_list_again_and_miss_nothing(objects, settings, controller):
-    api = StaleFirstWatch(objects)
-    backend = KubernetesBackend(api, clock=SystemClock(), settings=settings)
+class StaleFirstWatch:
+    """The backend's real TrainJob calls, except that the first watch asks for a long-gone
+    resourceVersion, as a watcher does after a long outage. The server answers that with a
+    real 410 Expired."""
+
+    def __init__(self, objects):
+        self._objects = objects
+        self.watches = 0
+
+    def __getattr__(self, name):
+        return getattr(self._objects, name)
+
+    def watch(self, **kwargs):
+        self.watches += 1
+        if self.watches == 1:
+            kwargs["resource_version"] = "1"
+        return self._objects.watch(**kwargs)
+
+
+# The aiohttp session the backend uses, and the synchronous client it keeps for a SOCKS proxy.
+CLIENTS = {
+    "pooled": lambda api, collection: async_api.AsyncCustomObjects(
+        api.api_client, collection, timeout=5.0
+    ),
+    "threaded": lambda api, collection: async_api.ThreadedCustomObjects(
+        api, collection, timeout=5.0
+    ),
+}
+
+
+@pytest.mark.parametrize("client_kind", sorted(CLIENTS))
+async def test_a_410_makes_the_watcher_list_again_and_miss_nothing(
+    objects, settings, controller, client_kind
+):
+    api = CountedLists(objects)
+    collection = async_api.Collection(GROUP, VERSION, settings.namespace, manifests.PLURAL)
+    watches = StaleFirstWatch(CLIENTS[client_kind](objects, collection))
+    backend = KubernetesBackend(api, clock=SystemClock(), settings=settings, objects=watches)
     ref = await backend.launch(request("ft-gone", RUNTIME))
     stream = aiter(backend.observe())
     await controller.move(ref, JobPhase.RUNNING)  # the controllers make it Running themselves
@@ -199,7 +227,9 @@ async def test_a_410_makes_the_watcher_list_again_and_miss_nothing(objects, sett
     await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult())
     (*_, done) = await until(stream, "ft-gone", JobPhase.SUCCEEDED)
     await stream.aclose()
+    await backend.aclose()
     assert done.phase is JobPhase.SUCCEEDED
+    assert watches.watches >= 2
     assert api.lists >= 2  # the first list, and the one after 410 Gone
 
 
