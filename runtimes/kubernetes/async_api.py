@@ -83,6 +83,18 @@ def tls_context(api_client: ApiClient) -> ssl.SSLContext:
     return context
 
 
+@dataclass(frozen=True, slots=True)
+class WatchQuery:
+    """What one watch of a collection asks for."""
+
+    label_selector: str
+    resource_version: str
+    """Events after this version (a list's, or the last event's)."""
+    timeout_seconds: int
+    """The server ends the watch after this long; silence for 10 s more is a lost line."""
+    connect_timeout: float
+
+
 class CustomObjects(Protocol):
     """Create, read and delete the objects of one namespaced custom resource collection."""
 
@@ -98,18 +110,10 @@ class CustomObjects(Protocol):
         """Delete the object *name* (`Background`: its dependents follow)."""
         ...
 
-    def watch(
-        self,
-        *,
-        label_selector: str,
-        resource_version: str,
-        timeout_seconds: int,
-        connect_timeout: float,
-    ) -> AsyncGenerator[str | bytes, None]:
-        """The lines of a watch of the objects with *label_selector* after
-        *resource_version*, with bookmarks: one JSON watch event each, until the server ends
-        the watch after *timeout_seconds*. An error status is raised before the first line;
-        close the generator to leave early."""
+    def watch(self, query: WatchQuery) -> AsyncGenerator[str | bytes, None]:
+        """The lines of the watch *query* asks for, with bookmarks: one JSON watch event
+        each, until the server ends the watch. An error status is raised before the first
+        line; close the generator to leave early."""
         ...
 
     async def aclose(self) -> None:
@@ -183,25 +187,18 @@ class AsyncCustomObjects(CustomObjects):
             decode=False,
         )
 
-    async def watch(
-        self,
-        *,
-        label_selector: str,
-        resource_version: str,
-        timeout_seconds: int,
-        connect_timeout: float,
-    ) -> AsyncGenerator[str | bytes, None]:
+    async def watch(self, query: WatchQuery) -> AsyncGenerator[str | bytes, None]:
         params = {
             "watch": "true",
-            "labelSelector": label_selector,
-            "resourceVersion": resource_version,
+            "labelSelector": query.label_selector,
+            "resourceVersion": query.resource_version,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
+            "timeoutSeconds": str(query.timeout_seconds),
         }
         # Not the session's bound on a whole call: a watch lasts as long as the server keeps
         # it open, and only a silence past its own timeout means the connection is gone.
         timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_timeout, sock_read=timeout_seconds + 10
+            total=None, connect=query.connect_timeout, sock_read=query.timeout_seconds + 10
         )
         session = self._session_here()
         async with session.get(
@@ -345,14 +342,7 @@ class ThreadedCustomObjects(CustomObjects):
             _request_timeout=self._timeout,
         )
 
-    async def watch(
-        self,
-        *,
-        label_selector: str,
-        resource_version: str,
-        timeout_seconds: int,
-        connect_timeout: float,
-    ) -> AsyncGenerator[str | bytes, None]:
+    async def watch(self, query: WatchQuery) -> AsyncGenerator[str | bytes, None]:
         c = self._collection
         response: Any = await asyncio.to_thread(
             self._api.list_namespaced_custom_object,
@@ -360,13 +350,13 @@ class ThreadedCustomObjects(CustomObjects):
             c.version,
             c.namespace,
             c.plural,
-            label_selector=label_selector,
+            label_selector=query.label_selector,
             watch=True,
-            resource_version=resource_version,
+            resource_version=query.resource_version,
             allow_watch_bookmarks=True,
-            timeout_seconds=timeout_seconds,
+            timeout_seconds=query.timeout_seconds,
             _preload_content=False,
-            _request_timeout=(connect_timeout, timeout_seconds + 10),
+            _request_timeout=(query.connect_timeout, query.timeout_seconds + 10),
         )
         lines = _response_lines(response)
         try:

@@ -586,10 +586,12 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
             _ResourceVersionGoneError: *version* is too old (410).
         """
         lines = self._objects.watch(
-            label_selector=SELECTOR,
-            resource_version=version,
-            timeout_seconds=self._settings.watch_timeout,
-            connect_timeout=self._settings.request_timeout,
+            async_api.WatchQuery(
+                label_selector=SELECTOR,
+                resource_version=version,
+                timeout_seconds=self._settings.watch_timeout,
+                connect_timeout=self._settings.request_timeout,
+            )
         )
         answered = False  # whether the server answered: an error after that is a dropped line
         try:

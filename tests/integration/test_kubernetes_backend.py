@@ -15,6 +15,7 @@ is real is every TrainJob, watch, 409 and 410.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -193,11 +194,11 @@ class StaleFirstWatch:
     def __getattr__(self, name):
         return getattr(self._objects, name)
 
-    def watch(self, **kwargs):
+    def watch(self, query):
         self.watches += 1
         if self.watches == 1:
-            kwargs["resource_version"] = "1"
-        return self._objects.watch(**kwargs)
+            query = replace(query, resource_version="1")
+        return self._objects.watch(query)
 
 
 # The aiohttp session the backend uses, and the synchronous client it keeps for a SOCKS proxy.
