@@ -585,13 +585,13 @@ class ManagedProcess:
 
     def stop(self, *, grace: float = _STOP_GRACE_SECONDS) -> None:
         """SIGTERM the process group, and SIGKILL it if it has not exited after *grace*
-        seconds (0: at once, as a crash would end it)."""
+        seconds."""
         popen, self.popen = self.popen, None
         if popen is not None and popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(popen.pid, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
+                os.killpg(popen.pid, signal.SIGTERM)
             try:
-                popen.wait(timeout=grace if grace > 0 else None)
+                popen.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(popen.pid, signal.SIGKILL)

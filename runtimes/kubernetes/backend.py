@@ -593,7 +593,7 @@ class KubernetesBackend(RemovesFinishedJobs, RecallsJobContext):
                 connect_timeout=self._settings.request_timeout,
             )
         )
-        answered = False  # whether the server answered: an error after that is a dropped line
+        answered = False  # whether a line came: an error after that is a dropped connection
         try:
             while True:
                 try:
