@@ -27,11 +27,24 @@ The mend, in three parts:
   flow itself, after flow control (which empties the queues), so nothing is handed to a stream
   between the seek and the point where the queues are known empty.
 - The fetch loop (faust's own, otherwise unchanged) counts seeks. It stops handing over a
-  batch when a seek happened since the batch was fetched (the records may be from before it,
-  and the read offset is the seek's now, which the gap check would misread), or when a
-  hand-over was cut short; such a record does not move the read offset. It then seeks to the
-  committed offsets once more, because it cannot tell whether the fetch that returned the
-  batch ran before the seek (the records come again anyway) or after it (they would not).
+  batch's stream records when a seek happened since the batch was fetched (the records may be
+  from before it, and the read offset is the seek's now, which the gap check would misread),
+  and it stops the whole batch when a hand-over was cut short; such a record does not move the
+  read offset. It then seeks to the committed offsets once more, because it cannot tell
+  whether the fetch that returned the batch ran before the seek (the records come again
+  anyway) or after it (they would not).
+- A seek to the committed offsets moves only the stream partitions: a table's changelog has
+  nothing committed, and only faust's recovery positions it. So a changelog record is still
+  handed over after such a seek. Dropping it lost it for good, since nothing reads a changelog
+  again before the next rebalance; when the lost records were the rest of a partition that a
+  recovery was reading, the recovery waited for them forever (seen in CI: a worker restarted
+  in the kill -9 and two-worker fault suites stood still with "No event received for active
+  tp" on some changelog partitions. The batch was fetched while a rebalance stopped the flow,
+  and the end of the previous recovery had sought in the meantime).
+- A record waiting to enter a full faust queue is not delivered when faust clears its queues
+  (at a revoke, and when its flow control resumes): the queue cancels the wait. That counts
+  as a hand-over cut short. Before, the cancellation escaped the fetch loop and ended it
+  (faust restarts its fetcher only when it sees a rebalance in progress).
 
 - Seeking "to the committed offsets" puts a stream partition with none committed, or 0, back
   at its start. aiokafka 0.14's `seek_to_committed` seeks only to an offset above 0 and leaves
@@ -191,24 +204,31 @@ class SeekSafeConsumer(AIOKafkaConsumer):
         self, batch: AsyncGenerator[tuple[Any, Any], None], seeks_before: int
     ) -> None:
         abandoned = False
+        stream_records_left = False
         since_yield = 0
         lanes = lanes_of(self.app)
+        moved_by_seeks = self.app.topics.acks_enabled_for  # the stream topics (module docstring)
         try:
             async for tp, message in batch:
                 since_yield += 1
                 if since_yield > YIELD_EVERY:
                     await asyncio.sleep(0)
                     since_yield = 0
+                stream_record = moved_by_seeks(message.topic)
                 # mended: checked before the gap check, which would otherwise compare this
                 # record with the read offset a seek has just reset
-                if self.seeks != seeks_before or not await self._hand_over(
-                    tp, message, seeks_before, lanes.get(message.topic)
-                ):
+                if stream_record and (stream_records_left or self.seeks != seeks_before):
+                    stream_records_left = True
+                    continue
+                if not await self._hand_over(tp, message, seeks_before, lanes.get(message.topic)):
+                    if stream_record and self.flow_active:  # a seek came during its hand-over
+                        stream_records_left = True
+                        continue
                     abandoned = True
                     break
         finally:
             await batch.aclose()
-        if abandoned and not self.should_stop:
+        if (abandoned or stream_records_left) and not self.should_stop:
             await self._read_again_from_committed()
 
     async def _read_again_from_committed(self) -> None:
@@ -250,13 +270,28 @@ class SeekSafeConsumer(AIOKafkaConsumer):
                 if not self._offer_to_lane(lanes, message, seeks_before):
                     return False
         else:
-            handing_over = self.callback(message)
+            handing_over = asyncio.ensure_future(self._deliver(message))
             outcome = await self.wait_first(handing_over, self.suspend_flow.wait())
-            if handing_over not in outcome.done or self.seeks != seeks_before:
+            if handing_over not in outcome.done or not handing_over.result():
                 # mended: faust counted the record as read even when a flow stop cut the
-                # hand-over short, or a seek happened meanwhile, overwriting the seek's offset
+                # hand-over short
+                return False
+            if self.seeks != seeks_before and self.app.topics.acks_enabled_for(message.topic):
+                # mended: ... or a seek happened meanwhile, overwriting the seek's offset
                 return False
         self._read_offset[tp] = offset
+        return True
+
+    async def _deliver(self, message: Any) -> bool:
+        """faust's delivery of *message* to its streams and tables; False: a queue clear
+        cancelled its wait for room in a full queue, so it was not delivered."""
+        try:
+            await self.callback(message)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the hand-over itself is cancelled (a flow stop came first, or a stop)
+            return False  # mended: faust cancels the waits of a queue it clears (docstring)
         return True
 
     def _offer_to_lane(self, lanes: PartitionLanes, message: Any, seeks_before: int) -> bool:

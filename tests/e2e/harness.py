@@ -216,7 +216,7 @@ class WorkerConfig:
     namespace: str | None
     """Both None for `backend="local"`."""
     internal_partitions: int = 2
-    log_level: str = "warning"
+    log_level: str = os.environ.get("TUNELOOP_FAULT_WORKER_LOG_LEVEL", "warning")
     session_timeout: float = 8.0
     """Seconds before the broker gives a killed worker's partitions away (faust's default
     is 60 s; short here so that a kill costs seconds, not minutes)."""

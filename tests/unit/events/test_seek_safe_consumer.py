@@ -20,6 +20,9 @@ from handlers.partition_lanes import MAX_WAITING, PartitionLanes, deliver_in_lan
 from handlers.seek_safe_consumer import SeekSafeConsumer, use_seek_safe_consumer
 
 PARTITION = TP("in", 0)
+"""A stream partition: its records are acknowledged and its offsets committed."""
+CHANGELOG = TP("in-table-changelog", 0)
+"""A table's changelog partition: nothing is committed for it, only faust's recovery seeks it."""
 COMMITTED = 5
 
 
@@ -33,11 +36,17 @@ async def consumer() -> Any:
         return {PARTITION: COMMITTED}
 
     made.seek_to_committed = seek_to_committed
+    # faust acknowledges (and so commits) a topic's records once a stream subscribes to it
+    app.topics.acks_enabled_for = lambda topic: topic == PARTITION.topic  # type: ignore[method-assign]
     return made
 
 
 def record(offset: int) -> Any:
     return SimpleNamespace(topic=PARTITION.topic, offset=offset, key=None, value=b"{}")
+
+
+def changelog_record(offset: int) -> Any:
+    return SimpleNamespace(topic=CHANGELOG.topic, offset=offset, key=None, value=b"{}")
 
 
 def test_an_app_builds_its_consumer_from_the_mended_class(consumer) -> None:
@@ -125,6 +134,61 @@ async def test_a_batch_cut_short_by_a_flow_stop_is_read_again_from_the_committed
     await consumer._hand_over_batch(batch(), consumer.seeks)
     assert consumer.seeks == 1
     assert consumer._read_offset[PARTITION] == COMMITTED
+
+
+async def test_changelog_records_fetched_across_a_seek_are_handed_over_stream_records_read_again(
+    consumer,
+) -> None:
+    # What a restarted worker met in CI: the batch was fetched while a rebalance had stopped
+    # the flow; meanwhile the end of the previous recovery sought the stream partitions to
+    # their committed offsets, and the new recovery resumed the flow. The changelog records
+    # were dropped with the stream records, nothing read them again, and the recovery waited
+    # for them forever.
+    handed: list[tuple[str, int]] = []
+
+    async def take(message: Any) -> None:
+        handed.append((message.topic, message.offset))
+
+    async def batch() -> Any:
+        yield CHANGELOG, changelog_record(0)
+        yield PARTITION, record(10)
+        yield CHANGELOG, changelog_record(1)
+
+    consumer.callback = take
+    fetched_at = consumer.seeks
+    await consumer.perform_seek()
+    consumer.resume_flow()
+    await consumer._hand_over_batch(batch(), fetched_at)
+
+    assert handed == [(CHANGELOG.topic, 0), (CHANGELOG.topic, 1)]
+    assert consumer._read_offset[CHANGELOG] == 1
+    assert consumer.seeks == 2  # the seek, then the batch's own seek back for record 10
+    assert consumer._read_offset[PARTITION] == COMMITTED
+
+
+async def test_a_record_waiting_for_room_in_a_queue_that_faust_clears_is_not_handed_over(
+    consumer,
+) -> None:
+    full = consumer.app.FlowControlQueue(maxsize=1, clear_on_resume=True)
+    consumer.app.flow_control.resume()
+    await full.put(object())
+
+    async def into_the_full_queue(message: Any) -> None:
+        await full.put(message)
+
+    consumer.callback = into_the_full_queue
+    consumer._read_offset[CHANGELOG] = 6
+    handing_over = asyncio.ensure_future(
+        consumer._hand_over(CHANGELOG, changelog_record(7), consumer.seeks)
+    )
+    await asyncio.sleep(0.01)
+    # what faust does when partitions are revoked, in one step: the queue cancels the wait
+    consumer.stop_flow()
+    consumer.app.flow_control.suspend()
+    consumer.app.flow_control.clear()
+
+    assert await handing_over is False  # and the fetch loop goes on: no CancelledError
+    assert consumer._read_offset[CHANGELOG] == 6
 
 
 async def test_a_record_behind_the_read_offset_is_not_handed_over_again(consumer) -> None:
