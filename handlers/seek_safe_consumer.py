@@ -21,7 +21,7 @@ as launches lost without a decision in the kill -9 soak; docs/guarantees.md has 
    offset for a transaction marker), so a record lost by 1 or 2 is also committed as done,
    and a restart does not bring it back.
 
-The mend, in three parts:
+The mend:
 
 - `perform_seek` stops the consumer's flow before it seeks. Every caller in faust resumes the
   flow itself, after flow control (which empties the queues), so nothing is handed to a stream
@@ -39,8 +39,8 @@ The mend, in three parts:
   again before the next rebalance; when the lost records were the rest of a partition that a
   recovery was reading, the recovery waited for them forever (seen in CI: a worker restarted
   in the kill -9 and two-worker fault suites stood still with "No event received for active
-  tp" on some changelog partitions. The batch was fetched while a rebalance stopped the flow,
-  and the end of the previous recovery had sought in the meantime).
+  tp" on some changelog partitions; docs/guarantees.md has the sequence, reconstructed from
+  faust's code).
 - A record waiting to enter a full faust queue is not delivered when faust clears its queues
   (at a revoke, and when its flow control resumes): the queue cancels the wait. That counts
   as a hand-over cut short. Before, the cancellation escaped the fetch loop and ended it
