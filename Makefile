@@ -3,6 +3,9 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 export TUNELOOP_CACHE ?= $(HOME)/.cache/tuneloop
+# mypy's cache outside the clone: a clean clone's `make check` then re-checks only the modules
+# whose source differs from the last run's (~1 s instead of ~40 s for all of them).
+export MYPY_CACHE_DIR ?= $(TUNELOOP_CACHE)/mypy
 
 .PHONY: help venv services models browser test test-fast check lint format demo bench soak clean
 
