@@ -224,14 +224,21 @@ async def test_a_410_makes_the_watcher_list_again_and_miss_nothing(
     stream = aiter(backend.observe())
     await controller.move(ref, JobPhase.RUNNING)  # the controllers make it Running themselves
     await until(stream, "ft-gone", JobPhase.RUNNING)
-    # Ended through its JobSet's status once the watch is past the 410 (no trainer runs here).
+    # The watcher goes on (its first watch, the 410, the list again) only while it is read.
+    # The job ends only after that second list, so it is the watch after the 410 that must see
+    # it end: ended first, the second list alone would show it (seen once under load).
+    reading = asyncio.ensure_future(until(stream, "ft-gone", JobPhase.SUCCEEDED))
+    async with asyncio.timeout(30):
+        while api.lists < 2 and not reading.done():
+            await asyncio.sleep(0.05)
+    assert api.lists >= 2  # the first list, and the one after 410 Gone
+    # Ended through its JobSet's status (no trainer runs here).
     await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult())
-    (*_, done) = await until(stream, "ft-gone", JobPhase.SUCCEEDED)
+    (*_, done) = await reading
     await stream.aclose()
     await backend.aclose()
     assert done.phase is JobPhase.SUCCEEDED
     assert watches.watches >= 2
-    assert api.lists >= 2  # the first list, and the one after 410 Gone
 
 
 async def test_a_decision_replayed_twice_creates_one_trainjob(objects, settings, k8s_namespace):
