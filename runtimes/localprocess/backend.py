@@ -398,6 +398,10 @@ class LocalProcessBackend:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
+                # Out of the worker's process group from the start: a kill of the worker's
+                # group (a fault suite's kill -9, a terminal's) while the launcher was still
+                # starting took it along, and the job was lost (seen 19 ms after a launch).
+                start_new_session=True,
             )
             # The launcher forks the supervisor off and exits at once (see supervisor.py).
             returncode = await launcher.wait()

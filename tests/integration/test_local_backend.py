@@ -8,12 +8,15 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
+import signal
 import socket
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator.errors import JobRejectedError
@@ -335,3 +338,68 @@ async def test_an_s3_output_uri_is_published_by_the_trainer_and_its_location_rep
     assert final.phase is JobPhase.SUCCEEDED
     assert final.result is not None
     assert final.result.adapter_uri == "s3://bucket/adapters/tl-s3"
+
+
+LAUNCHING_WORKER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from orchestrator.jobs.model import TrainingRequest, TrainingSettings
+    from runtimes.localprocess.backend import LocalProcessBackend
+
+    async def main():
+        root, *trainer = sys.argv[1:]
+        backend = LocalProcessBackend(Path(root), trainer_command=tuple(trainer))
+        await backend.launch(TrainingRequest(
+            name="tl-killed-launcher", rule="retrain", rule_version="1", key="m1",
+            decision_id="d-1", causing_event_ids=("e1",), runtime="local",
+            base_model="tiny", dataset="data.jsonl", training=TrainingSettings(),
+        ))
+        await asyncio.sleep(600)  # killed with its process group long before
+
+    asyncio.run(main())
+    """
+)
+
+
+def _launcher_started(pid: int) -> bool:
+    """Whether process *pid* has a child running the supervisor's launcher."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "runtimes.localprocess.supervisor" in child.cmdline():
+                    return True
+    return False
+
+
+async def test_a_worker_killed_with_its_process_group_just_after_a_launch_leaves_the_job_running(
+    tmp_path: Path, stand_in
+):
+    # Seen in the kill-mid-sweep fault test: the group was killed 19 ms after launched.json,
+    # while the supervisor's launcher was still starting, and the job was reported lost a
+    # minute later. The killed process here is a worker of its own, in its own process group
+    # as the fault suites run theirs, killed while the launcher it spawned is starting.
+    root = tmp_path / "jobs"
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        LAUNCHING_WORKER,
+        str(root),
+        *stand_in,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        start_new_session=True,
+    )
+    try:
+        async with asyncio.timeout(60):
+            while not _launcher_started(worker.pid):
+                await asyncio.sleep(0.001)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        await worker.wait()
+    try:
+        await _wait_for_file(root / "tl-killed-launcher" / "exit.json")
+    except TimeoutError:
+        pytest.fail("the killed worker took the job's launcher along: it never started")
+    assert json.loads((root / "tl-killed-launcher" / "exit.json").read_text())["returncode"] == 0
+    assert (root / "tl-killed-launcher" / "runs").read_text() == "run\n"
