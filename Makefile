@@ -42,7 +42,7 @@ browser:
 # The suite in TEST_WORKERS processes (pytest-xdist), each given whole test files: each starts
 # the services its files use (its own broker, control plane, S3 and MLflow servers), and a
 # file's module fixtures stay in one process. Most slow tests wait on one single-threaded
-# trainer or controller; two processes on 2 cores took the suite from 17:11 to 10:55.
+# trainer or controller; two processes on 2 cores took the suite from 17:11 to 10:55-12:18.
 # TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
 test: venv services models browser check
