@@ -31,6 +31,7 @@ from runtimes.kubernetes.backend import BACKEND_NAME, BackendSettings, Kubernete
 from runtimes.kubernetes.catalog import GROUP, VERSION, RuntimeCatalog
 from tests.contract.backend_contract import request, until
 from tests.contract.test_kubernetes_backend_contract import KubernetesJobController
+from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.kubernetes
 
@@ -228,9 +229,12 @@ async def test_a_410_makes_the_watcher_list_again_and_miss_nothing(
     # The job ends only after that second list, so it is the watch after the 410 that must see
     # it end: ended first, the second list alone would show it (seen once under load).
     reading = asyncio.ensure_future(until(stream, "ft-gone", JobPhase.SUCCEEDED))
-    async with asyncio.timeout(30):
-        while api.lists < 2 and not reading.done():
-            await asyncio.sleep(0.05)
+    await wait_for(
+        lambda: api.lists >= 2 or reading.done(),
+        what="the watcher to list again after the 410",
+        timeout=30,
+        interval=0.05,
+    )
     assert api.lists >= 2  # the first list, and the one after 410 Gone
     # Ended through its JobSet's status (no trainer runs here).
     await controller.move(ref, JobPhase.SUCCEEDED, result=JobResult())

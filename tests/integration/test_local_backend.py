@@ -23,6 +23,7 @@ from orchestrator.errors import JobRejectedError
 from orchestrator.jobs.model import JobPhase, JobRef, Observation, TrainingRequest, TrainingSettings
 from runtimes.localprocess.backend import LocalProcessBackend
 from runtimes.storage import StorageSettings, adapter_exists
+from tests.fixtures.waiting import wait_for
 
 STAND_IN = textwrap.dedent(
     """
@@ -390,16 +391,21 @@ async def test_a_worker_killed_with_its_process_group_just_after_a_launch_leaves
         start_new_session=True,
     )
     try:
-        async with asyncio.timeout(60):
-            while not _launcher_started(worker.pid):
-                await asyncio.sleep(0.001)
+        await wait_for(
+            lambda: _launcher_started(worker.pid),
+            what="the worker to spawn the supervisor's launcher",
+            timeout=60,
+            interval=0.001,
+        )
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.pid, signal.SIGKILL)
         await worker.wait()
-    try:
-        await _wait_for_file(root / "tl-killed-launcher" / "exit.json")
-    except TimeoutError:
-        pytest.fail("the killed worker took the job's launcher along: it never started")
+    await wait_for(
+        (root / "tl-killed-launcher" / "exit.json").exists,
+        what="the job to end (the killed worker took its launcher along: it never started)",
+        timeout=30,
+        interval=0.05,
+    )
     assert json.loads((root / "tl-killed-launcher" / "exit.json").read_text())["returncode"] == 0
     assert (root / "tl-killed-launcher" / "runs").read_text() == "run\n"
