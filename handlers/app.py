@@ -43,6 +43,7 @@ from aiohttp import web
 from handlers.codec import EncodingMode, KafkaRecord, RecordInfo, encode_event
 from handlers.dashboard import Dashboard, install_dashboard
 from handlers.faust_app import new_app
+from handlers.garbage_collection import settle_before_serving
 from handlers.intake import (
     FORWARD_HEADERS,
     Intake,
@@ -429,7 +430,9 @@ def run_worker(worker: Worker, settings: Settings, *, log_level: str) -> None:
     """Run *worker* in the foreground until interrupted (`tuneloop run`); its web server,
     if it has one, runs with it."""
     del settings  # read once, by build_worker
-    foreground(worker.app, log_level=log_level).execute_from_commandline()
+    runner = foreground(worker.app, log_level=log_level)
+    settle_before_serving()
+    runner.execute_from_commandline()
 
 
 def foreground(app: faust.App, *, log_level: str) -> faust.Worker:
