@@ -54,7 +54,12 @@ async def api_outage_mid_stream(
             timeout=180,
             on_timeout=run.diagnosis,
         )
-        # Down for OUTAGE_SECONDS while the next chunk of events is produced.
+        # Down for OUTAGE_SECONDS while the next chunk of events is produced. The next
+        # outage waits for a TrainJob beyond those that exist now: the launches decided
+        # meanwhile are created once the server is back. (Counted when the server came back
+        # instead, the retried launches could all be created before the count, and with no
+        # more events sent, the wait had nothing left to see: soak, seed 8.)
+        created_before[0] = await asyncio.to_thread(run.created)
         await asyncio.to_thread(server.stop_apiserver)
         restore.append(asyncio.create_task(back_after(OUTAGE_SECONDS)))
         done[0] += 1
@@ -64,7 +69,6 @@ async def api_outage_mid_stream(
     async def back_after(seconds: float) -> None:
         await asyncio.sleep(seconds)
         await asyncio.to_thread(server.start)
-        created_before[0] = await asyncio.to_thread(run.created)
 
     try:
         await run.send(chunk=chunk, between=outage_every_other_chunk)
