@@ -9,8 +9,9 @@ live object; each full collection is also a 65 ms stall of every partition lane
 
 Two settings, measured together (the same probe; 2-core machine): the collector's share fell
 from 1.35 s to 0.46 s of the worker's ~16 s of CPU, with 2 full collections of ~25 ms
-instead of 13 of ~65 ms. Worker CPU per keyed event (`python -m bench --only worker`, a noisy figure on this
-machine) was 452-522 µs in four runs before and 457-474 µs in two runs after.
+instead of 13 of ~65 ms. Worker CPU per keyed event (`python -m bench --only worker`, a
+noisy figure on this machine) was 452-522 µs in four runs before and 457-474 µs in two runs
+after.
 
 - **Freeze what the start built** (`gc.freeze`): the objects alive before the loop starts
   (modules, classes, the compiled rules, the App) are moved to a permanent generation that no
