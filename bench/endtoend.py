@@ -20,11 +20,10 @@ What is measured, one after the other:
   TrainJob (found by its causing-event-ids annotation). That includes the intake, the rule
   engine, the audit record and the create. Three phases on one worker: 10 alarms/s (light
   load, context), 100 alarms/s (every event launches: the sustained launch rate and its p99),
-  then 1,000 events/s of which 1 % are alarms (the realistic mix). The mix starts once the
-  machine is at rest again (`AT_REST_BUSY`): the 1,000 TrainJobs of the 100/s phase keep the
-  controllers, the node agent and the worker (their JobSets, Jobs, pods and status changes)
-  busy for minutes after its last create (168 s in one run), and that aftermath is not the
-  mix's load. Right after the 100/s phase the mix's p50 was 5.2 s; at rest, 1.45 s.
+  then 1,000 events/s of which 1 % are alarms (the realistic mix). Each phase starts once
+  the machine is at rest again (`AT_REST_BUSY`): the 1,000 TrainJobs of the 100/s phase keep
+  the controllers, the node agent and the worker (their JobSets, Jobs, pods and status
+  changes) busy for a while after its last create, and that aftermath is not the mix's load.
 
 The baseline of each percentile is raw produce->consume (at the phase's rate) plus bare
 create at that percentile: what any Kafka-to-TrainJob bridge pays at least. Warm-up alarms
@@ -356,9 +355,6 @@ class Phase:
     profiled: bool = False
     """Sampled with py-spy: a phase of its own after the measured ones, as the sampler takes
     CPU from the machine the measured phases share."""
-    after_rest: bool = False
-    """Starts once the machine is at rest again (`AT_REST_BUSY`), not right after the phase
-    before."""
 
 
 @dataclass(frozen=True)
@@ -438,11 +434,7 @@ async def _end_to_end(
             for number, phase in enumerate(phases):
                 # The jobs of the phase before (its TrainJobs' JobSets, Jobs and pods, the
                 # worker's observations of them) are not this phase's load.
-                waited = (
-                    await _at_rest(busy_below=AT_REST_BUSY, timeout=AT_REST_TIMEOUT)
-                    if phase.after_rest
-                    else 0.0
-                )
+                waited = await _at_rest(busy_below=AT_REST_BUSY, timeout=AT_REST_TIMEOUT)
                 ids = [f"e2e-{tag}-{number}-{i}" for i in range(phase.count)]
                 half = max(1, phase.count // 2)
                 alarms = [i for i in range(phase.count) if i % phase.launch_every == 0]
@@ -579,12 +571,7 @@ def run(*, quick: bool) -> Results:  # noqa: PLR0915 -- one straight-line run
 
     count, light_count, mix_seconds = (100, 20, 5) if quick else (1000, 200, 20)
     profiled_count = count // 2
-    mix = Phase(
-        int(MIX_RATE * mix_seconds),
-        MIX_RATE,
-        launch_every=round(1 / MIX_LAUNCHING),
-        after_rest=True,
-    )
+    mix = Phase(int(MIX_RATE * mix_seconds), MIX_RATE, launch_every=round(1 / MIX_LAUNCHING))
     raw_mix_count = int(MIX_RATE * min(mix_seconds, 10))
     logging_config = structlog.get_config()
     # A log line per event would measure the terminal; warnings only while timing.
@@ -661,7 +648,8 @@ def run(*, quick: bool) -> Results:  # noqa: PLR0915 -- one straight-line run
         steady.latencies,
         (raw, bare),
         goals={"p99": STEADY_GOAL},
-        notes=f"tuneloop run, {count} alarms at {RATE:g}/s, each launching, {sources}"
+        notes=f"tuneloop run, {count} alarms at {RATE:g}/s, each launching, after the "
+        f"{LIGHT_RATE:g}/s phase once the machine was at rest, {sources}"
         f"{missing(steady)}{retried}",
     )
     rows.append(
