@@ -20,10 +20,7 @@ What is measured, one after the other:
   TrainJob (found by its causing-event-ids annotation). That includes the intake, the rule
   engine, the audit record and the create. Three phases on one worker: 10 alarms/s (light
   load, context), 100 alarms/s (every event launches: the sustained launch rate and its p99),
-  then 1,000 events/s of which 1 % are alarms (the realistic mix). Each phase starts once
-  the machine is at rest again (`AT_REST_BUSY`): the 1,000 TrainJobs of the 100/s phase keep
-  the controllers, the node agent and the worker (their JobSets, Jobs, pods and status
-  changes) busy for a while after its last create, and that aftermath is not the mix's load.
+  then 1,000 events/s of which 1 % are alarms (the realistic mix).
 
 The baseline of each percentile is raw produce->consume (at the phase's rate) plus bare
 create at that percentile: what any Kafka-to-TrainJob bridge pays at least. Warm-up alarms
@@ -75,11 +72,6 @@ MIX_GOAL = "<= 100 ms"
 CPU_PER_LAUNCH_GOAL = "<= 3 ms"
 PARTITIONS = 8
 WARMUP = 20
-AT_REST_BUSY = 0.3
-"""The share of all cores the machine may be busy over one second and count as at rest: the
-idle services (broker, API server, controllers, worker) stay below it."""
-AT_REST_TIMEOUT = 180.0
-"""The longest a phase waits for the machine to come to rest after the one before."""
 RULES = """
 runtimes: [torch-distributed]
 rules:
@@ -368,8 +360,6 @@ class PhaseResult:
     cpu: CpuUse | None
     launches: int
     profile: profiling.Profile | None = None
-    waited_for_rest: float = 0.0
-    """Seconds the phase waited, before it started, for the machine to come to rest."""
 
 
 async def _end_to_end(
@@ -432,9 +422,6 @@ async def _end_to_end(
                 )
             meter_pids = {**pids, "worker": worker.pid}
             for number, phase in enumerate(phases):
-                # The jobs of the phase before (its TrainJobs' JobSets, Jobs and pods, the
-                # worker's observations of them) are not this phase's load.
-                waited = await _at_rest(busy_below=AT_REST_BUSY, timeout=AT_REST_TIMEOUT)
                 ids = [f"e2e-{tag}-{number}-{i}" for i in range(phase.count)]
                 half = max(1, phase.count // 2)
                 alarms = [i for i in range(phase.count) if i % phase.launch_every == 0]
@@ -471,32 +458,11 @@ async def _end_to_end(
                         profile=profiling.summarize(raw_profile.read_text())
                         if raw_profile.exists()
                         else None,
-                        waited_for_rest=waited,
                     )
                 )
     finally:
         await producer.stop()
     return results
-
-
-async def _at_rest(*, busy_below: float, timeout: float) -> float:
-    """Wait until the whole machine was busy less than *busy_below* of its cores over one
-    second, or *timeout* seconds passed; the seconds it waited (0 where /proc cannot be
-    read)."""
-    if not Path("/proc/stat").exists():
-        return 0.0
-    began = time.perf_counter()
-    busy, total = _CpuMeter._machine_seconds()
-    while time.perf_counter() - began < timeout:
-        await asyncio.sleep(1.0)
-        busy_now, total_now = _CpuMeter._machine_seconds()
-        share = (busy_now - busy) / max(total_now - total, 1e-9)
-        busy, total = busy_now, total_now
-        if share < busy_below:
-            break
-    waited = time.perf_counter() - began
-    print(f"bench: endtoend machine at rest after {waited:.0f} s", file=sys.stderr)
-    return waited
 
 
 def _launch_rate(created: list[float]) -> float:
@@ -648,8 +614,7 @@ def run(*, quick: bool) -> Results:  # noqa: PLR0915 -- one straight-line run
         steady.latencies,
         (raw, bare),
         goals={"p99": STEADY_GOAL},
-        notes=f"tuneloop run, {count} alarms at {RATE:g}/s, each launching, after the "
-        f"{LIGHT_RATE:g}/s phase once the machine was at rest, {sources}"
+        notes=f"tuneloop run, {count} alarms at {RATE:g}/s, each launching, {sources}"
         f"{missing(steady)}{retried}",
     )
     rows.append(
@@ -669,9 +634,7 @@ def run(*, quick: bool) -> Results:  # noqa: PLR0915 -- one straight-line run
         mixed.latencies,
         (raw_mix, bare),
         goals={"p99": MIX_GOAL},
-        notes=f"{mix.count:,} events at {MIX_RATE:,.0f}/s after the {RATE:g}/s phase, once "
-        f"the machine was at rest again ({mixed.waited_for_rest:.0f} s later: busy < "
-        f"{AT_REST_BUSY:.0%} of its cores over a second); "
+        notes=f"{mix.count:,} events at {MIX_RATE:,.0f}/s after the {RATE:g}/s phase; "
         f"{mixed.launches} alarms launch, the others are counted by a rule they never make "
         f"fire; raw produce->consume measured at {MIX_RATE:,.0f}/s{missing(mixed)}",
     )
