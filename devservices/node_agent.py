@@ -1089,9 +1089,17 @@ class NodeAgent:
 
     def step(self) -> None:
         """One pass: bind the unbound (outside held namespaces), start the new, stop the
-        deleted."""
-        pods = self._call("GET", "/api/v1/pods")["items"]
-        held: set[str] | None = None  # asked for once per pass, and only when a pod is unbound
+        deleted.
+
+        The pods of the namespaces held when the pass starts are not asked for: they stay
+        unbound, so there is nothing to do with them, and a list of every pod twice a second
+        had the API server serialize, and this agent decode, the thousands of held pods a
+        benchmark leaves behind. The agent's CPU per launch in the endtoend benchmark's
+        100/s phase fell from 1.7 ms to 0.1 ms (one run each, same machine)."""
+        pods = self.pods_to_look_at()
+        # Asked for again before binding, once per pass and only when a pod is unbound: a
+        # namespace created held after the first ask must not have its pods bound.
+        held: set[str] | None = None
         seen: set[str] = set()
         for pod in pods:
             metadata, spec = pod["metadata"], pod["spec"]
@@ -1127,6 +1135,13 @@ class NodeAgent:
             gone = self.runners.pop(uid)
             self.master_ports.release(uid)
             threading.Thread(target=gone.terminate, args=(0,), daemon=True).start()
+
+    def pods_to_look_at(self) -> list[dict[str, Any]]:
+        """Every pod but those of the namespaces held now (`step`)."""
+        items: list[dict[str, Any]] = self._call(
+            "GET", "/api/v1/pods" + _outside(self._held_namespaces())
+        )["items"]
+        return items
 
     def _held_namespaces(self) -> set[str]:
         """The namespaces labelled `HOLD_LABEL=HOLD_VALUE`, whose pods are left unbound."""
@@ -1171,6 +1186,14 @@ class NodeAgent:
                 {"gracePeriodSeconds": 0, "preconditions": {"uid": metadata["uid"]}},
                 "application/json",
             )
+
+
+def _outside(namespaces: set[str]) -> str:
+    """The query of a pod list that leaves out the pods of *namespaces* (none: every pod)."""
+    if not namespaces:
+        return ""
+    selector = ",".join(f"metadata.namespace!={name}" for name in sorted(namespaces))
+    return "?fieldSelector=" + urllib.parse.quote(selector, safe="")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

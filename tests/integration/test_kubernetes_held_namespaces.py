@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
 
 from devservices.kubernetes import TRAINER_API_VERSION, TRAINER_GROUP, KubeEndpoint
-from devservices.node_agent import HOLD_LABEL, HOLD_VALUE, TUNELOOP_IMAGE_REPOSITORY
+from devservices.node_agent import (
+    HOLD_LABEL,
+    HOLD_VALUE,
+    TUNELOOP_IMAGE_REPOSITORY,
+    ImageEnvironment,
+    NodeAgent,
+)
 
 pytestmark = pytest.mark.kubernetes
 
@@ -120,3 +127,42 @@ def test_a_namespace_of_a_test_marked_runs_pods_runs_its_pods(
         what="the pod to run and succeed",
     )
     assert pod.spec.node_name == "tuneloop-local"
+
+
+def test_the_node_agent_does_not_ask_for_the_pods_of_held_namespaces(
+    api: client.ApiClient, k8s_namespace: str, tmp_path: Path
+) -> None:
+    # Its list of every pod, twice a second, also serialized and decoded the thousands of held
+    # pods a benchmark leaves behind; held pods stay unbound, so there is nothing to do with
+    # them. The real API server decides what the agent's query leaves out.
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(
+        k8s_namespace,
+        {
+            "metadata": {"name": "held"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": f"{TUNELOOP_IMAGE_REPOSITORY}:0.1.0",
+                        "command": ["python", "-c", "pass"],
+                    }
+                ],
+            },
+        },
+    )
+    agent = NodeAgent(
+        api, root=tmp_path, node_name="looking-only", images=dict[str, ImageEnvironment]()
+    )  # only asked what it would look at: it registers nothing and runs nothing
+
+    def names() -> set[tuple[str, str]]:
+        return {
+            (p["metadata"]["namespace"], p["metadata"]["name"]) for p in agent.pods_to_look_at()
+        }
+
+    assert (k8s_namespace, "held") not in names()
+
+    core.patch_namespace(k8s_namespace, {"metadata": {"labels": {HOLD_LABEL: None}}})
+
+    assert (k8s_namespace, "held") in names()
