@@ -60,6 +60,23 @@ def trainjob(name: str) -> dict[str, Any]:
     }
 
 
+def python_pass_pod(name: str) -> dict[str, Any]:
+    """A pod of one container that runs `python -c pass` in tuneloop's image."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": f"{TUNELOOP_IMAGE_REPOSITORY}:0.1.0",
+                    "command": ["python", "-c", "pass"],
+                }
+            ],
+        },
+    }
+
+
 def test_a_held_namespaces_trainjob_gets_its_jobset_jobs_and_pods_but_no_pod_runs(
     api: client.ApiClient, k8s_namespace: str
 ) -> None:
@@ -103,22 +120,7 @@ def test_a_namespace_of_a_test_marked_runs_pods_runs_its_pods(
 ) -> None:
     core = client.CoreV1Api(api)
     assert HOLD_LABEL not in (core.read_namespace(k8s_namespace).metadata.labels or {})
-    core.create_namespaced_pod(
-        k8s_namespace,
-        {
-            "metadata": {"name": "runs"},
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": f"{TUNELOOP_IMAGE_REPOSITORY}:0.1.0",
-                        "command": ["python", "-c", "pass"],
-                    }
-                ],
-            },
-        },
-    )
+    core.create_namespaced_pod(k8s_namespace, python_pass_pod("runs"))
 
     pod = eventually(
         lambda: (
@@ -136,22 +138,7 @@ def test_the_node_agent_does_not_ask_for_the_pods_of_held_namespaces(
     # pods a benchmark leaves behind; held pods stay unbound, so there is nothing to do with
     # them. The real API server decides what the agent's query leaves out.
     core = client.CoreV1Api(api)
-    core.create_namespaced_pod(
-        k8s_namespace,
-        {
-            "metadata": {"name": "held"},
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": f"{TUNELOOP_IMAGE_REPOSITORY}:0.1.0",
-                        "command": ["python", "-c", "pass"],
-                    }
-                ],
-            },
-        },
-    )
+    core.create_namespaced_pod(k8s_namespace, python_pass_pod("held"))
     agent = NodeAgent(
         api, root=tmp_path, node_name="looking-only", images=dict[str, ImageEnvironment]()
     )  # only asked what it would look at: it registers nothing and runs nothing
