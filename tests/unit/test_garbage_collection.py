@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import handlers.app
-from handlers.garbage_collection import YOUNG_OBJECTS, settle_before_serving
+from handlers.garbage_collection import settle_before_serving
 from orchestrator.settings import Settings
 
 
@@ -44,7 +44,7 @@ def test_what_was_alive_before_serving_is_left_out_of_every_collection() -> None
 def test_the_young_generation_is_collected_every_ten_thousand_objects_not_every_700() -> None:
     settle_before_serving()
 
-    assert gc.get_threshold()[0] == YOUNG_OBJECTS == 10_000
+    assert gc.get_threshold()[0] == 10_000
 
 
 def test_garbage_left_by_the_start_is_collected_not_frozen() -> None:
@@ -75,7 +75,7 @@ def test_the_worker_command_settles_the_collector_just_before_its_loop_starts(
     handlers.app.run_worker(worker, Settings.from_env({}), log_level="info")
 
     assert seen["frozen"] > 0
-    assert seen["threshold"][0] == YOUNG_OBJECTS
+    assert seen["threshold"][0] == 10_000
 
 
 class CycleOfGarbage:
