@@ -12,9 +12,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import faust
+import faust.transport.consumer
 import pytest
 from aiokafka import TopicPartition
 from faust.types import TP, Message
+from intervaltree import IntervalTree
 
 from handlers.partition_lanes import MAX_WAITING, PartitionLanes, deliver_in_lanes
 from handlers.seek_safe_consumer import SeekSafeConsumer, use_seek_safe_consumer
@@ -372,3 +374,45 @@ async def test_a_full_lane_takes_its_partition_out_of_the_fetch_until_it_is_down
             await asyncio.sleep(0)
     assert PARTITION in consumer._get_active_partitions()
     await lanes.stop()
+
+
+GAPS = [(3, 3), (5, 6), (9, 9), (4, 5), (12, 14), (13, 20), (8, 10), (30, 31), (2, 2), (30, 31)]
+"""Gaps as the fetch loop reports them (first and last missing offset): apart, touching,
+overlapping, nested and repeated ones."""
+
+
+async def test_gaps_are_kept_as_fausts_own_add_gap_keeps_them(consumer) -> None:
+    ours, fausts = TP("in", 1), TP("in", 2)
+    consumer._committed_offset[ours] = consumer._committed_offset[fausts] = 2
+    for first, last in GAPS:
+        await consumer._add_gap(ours, first, last)
+        await faust.transport.consumer.Consumer._add_gap(consumer, fausts, first, last)
+    assert sorted(consumer._gap[ours]) == sorted(consumer._gap[fausts])
+    # intervals exclude their end; touching ones stay apart; 2 is below the committed offset
+    assert sorted((gap.begin, gap.end) for gap in consumer._gap[ours]) == [
+        (3, 4),
+        (4, 7),
+        (8, 11),
+        (12, 21),
+        (30, 32),
+    ]
+
+
+async def test_a_gap_that_overlaps_none_held_is_added_without_rebuilding_the_tree(
+    consumer,
+) -> None:
+    rebuilds: list[int] = []
+
+    class CountedTree(IntervalTree):
+        def merge_overlaps(self, *args: Any, **kwargs: Any) -> None:
+            rebuilds.append(len(self))
+            super().merge_overlaps(*args, **kwargs)
+
+    consumer._gap[PARTITION] = CountedTree()
+    for offset in range(10, 200, 2):  # a marker after every record: one-record transactions
+        await consumer._add_gap(PARTITION, offset, offset)
+    assert rebuilds == []
+    assert len(consumer._gap[PARTITION]) == 95
+    await consumer._add_gap(PARTITION, 11, 12)  # overlaps the gap at 12
+    assert rebuilds == [96]
+    assert (11, 13) in {(gap.begin, gap.end) for gap in consumer._gap[PARTITION]}
