@@ -168,11 +168,19 @@ class Orchestrator:
     def why_not_records(self, event: CloudEvent) -> tuple[DecisionRecord, ...]:
         """Why the rules that name *event*'s type did not consider it (`ignore`, `error`),
         as many as the per-rule limit still allows this minute; to be passed to `audit`."""
-        records = engine.why_not(self._rules, event, now=self._clock.now())
-        if not records:
+        now = self._clock.now()
+        reasons = engine.why_not_reasons(self._rules, event, now=now)
+        if not reasons:
             return ()
-        self._why_not, written = why_not.limit(self._why_not, records)
-        return written
+        time = event.event_time(now)
+        written = []
+        for why in reasons:
+            self._why_not, left_out = why_not.take(self._why_not, why.rule.name, time)
+            if left_out is not None:
+                written.append(
+                    engine.why_not_record(self._rules, event, why, now=now, suppressed=left_out)
+                )
+        return tuple(written)
 
     async def audit(self, records: tuple[DecisionRecord, ...]) -> None:
         """Publish *records* to the audit topic, in order."""

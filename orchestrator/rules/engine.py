@@ -10,7 +10,8 @@ How the wiring drives it, per event:
      event by key so that one worker owns all state of a key. Also publish
      `why_not(rules, event, now=...)` (rules that name the event's type but did not consider
      it: a source glob, a false `where`, a `where` or key that failed), through
-     `why_not.limit` so that one rule writes at most a few per minute.
+     `why_not.limit` so that one rule writes at most a few per minute (the service asks
+     `why_not.take` per `why_not_reasons` item first, and builds only the records it keeps).
   2. For each DISTINCT key: `evaluate(rules, state_of_key, event, key=key, now=now)`; store
      the new state, publish every record to the audit topic, call the backend for `launch`
      (`record.job`) and `cancel` (`record.job_name`) records.
@@ -54,7 +55,7 @@ from orchestrator.rules import arrival, matching, pruning, timers, windows
 from orchestrator.rules.durations import format_duration
 from orchestrator.rules.expressions import EvaluationError
 from orchestrator.rules.launching import attempt, consider
-from orchestrator.rules.model import RuleSet
+from orchestrator.rules.model import Rule, RuleSet
 from orchestrator.rules.records import Decider
 from orchestrator.rules.state import InputPosition, KeyState, identity
 from orchestrator.rules.timers import next_wakeup
@@ -130,39 +131,62 @@ def routing_errors(
     )
 
 
-def why_not(rules: RuleSet, event: CloudEvent, *, now: datetime) -> tuple[DecisionRecord, ...]:
-    """Why-not records for every rule that names *event*'s type but did not consider it: the
-    `routing_errors` (a `where` or key that failed), then an `ignore` record (key "") per rule
-    whose source globs or `where` turned the event away. One matching pass. The service
-    writes them through `why_not.limit`."""
-    time = event.event_time(now)
-    trace = TraceContext.of(event.extensions)
-    found, missed = matching.examine(rules, event, time=time)
-    ids = (event.id,)
+@dataclass(frozen=True, slots=True)
+class WhyNot:
+    """Why one rule that names an event's type did not consider the event, before it becomes
+    a record: the service asks the per-minute limit first, and builds the record (its id is a
+    hash) only when the limit lets it be written (`why_not_record`)."""
+
+    rule: Rule
+    outcome: Outcome
+    reason: Reason
+    message: str
+
+
+def why_not_reasons(rules: RuleSet, event: CloudEvent, *, now: datetime) -> tuple[WhyNot, ...]:
+    """Every rule that names *event*'s type but did not consider it, and why: first each rule
+    whose `where` or key failed (an `error`), then each whose source globs or `where` turned
+    the event away (an `ignore`). One matching pass."""
+    found, missed = matching.examine(rules, event, time=event.event_time(now))
     errors = tuple(
-        Decider(rules, match.trigger.rule, "").record(
-            Outcome.ERROR,
-            Reason.EXPRESSION_ERROR,
-            time=time,
-            event_ids=ids,
-            message=match.error,
-            trace=trace,
-        )
+        WhyNot(match.trigger.rule, Outcome.ERROR, Reason.EXPRESSION_ERROR, match.error)
         for match in found
         if match.error is not None
     )
     ignored = tuple(
-        Decider(rules, miss.rule, "").record(
+        WhyNot(
+            miss.rule,
             Outcome.IGNORE,
             Reason.WHERE_FALSE if miss.source_matched else Reason.SOURCE_MISMATCH,
-            time=time,
-            event_ids=ids,
-            message=miss.message,
-            trace=trace,
+            miss.message,
         )
         for miss in missed
     )
     return (*errors, *ignored)
+
+
+def why_not_record(
+    rules: RuleSet, event: CloudEvent, why: WhyNot, *, now: datetime, suppressed: int = 0
+) -> DecisionRecord:
+    """The record (key "") of *why*, counting *suppressed* records its rule left out before."""
+    record = Decider(rules, why.rule, "").record(
+        why.outcome,
+        why.reason,
+        time=event.event_time(now),
+        event_ids=(event.id,),
+        message=why.message,
+        trace=TraceContext.of(event.extensions),
+    )
+    return replace(record, suppressed=suppressed) if suppressed else record
+
+
+def why_not(rules: RuleSet, event: CloudEvent, *, now: datetime) -> tuple[DecisionRecord, ...]:
+    """Why-not records for every rule that names *event*'s type but did not consider it (see
+    `why_not_reasons`), each written out. The service builds only those the per-minute limit
+    lets through (`why_not.take`); `tuneloop simulate` shows them all."""
+    return tuple(
+        why_not_record(rules, event, why, now=now) for why in why_not_reasons(rules, event, now=now)
+    )
 
 
 def sweep_of(rules: RuleSet, record: DecisionRecord) -> SweepSpec | None:

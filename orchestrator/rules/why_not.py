@@ -47,6 +47,28 @@ class WhyNotLimit:
     quotas: Mapping[str, Quota] = field(default_factory=lambda: MappingProxyType({}))
 
 
+def take(state: WhyNotLimit, rule: str, time: datetime) -> tuple[WhyNotLimit, int | None]:
+    """Count one why-not record of *rule* at event *time*: the new state, and how many records
+    of the rule were left out before this one if it may be written (None: it is left out).
+
+    `limit` is this, record by record; the service calls it before it builds a record, so a
+    record the limit leaves out is never built.
+    """
+    minute = time.replace(second=0, microsecond=0)
+    quota = state.quotas.get(rule)
+    if quota is None or minute > quota.minute:
+        quota = Quota(minute=minute, left_out=quota.left_out if quota else 0)
+    written: int | None
+    if quota.written < state.per_minute:
+        written = quota.left_out
+        quota = Quota(minute=quota.minute, written=quota.written + 1)
+    else:
+        written = None
+        quota = replace(quota, left_out=quota.left_out + 1)
+    quotas = MappingProxyType({**state.quotas, rule: quota})
+    return replace(state, quotas=quotas), written
+
+
 def limit(
     state: WhyNotLimit, records: tuple[DecisionRecord, ...]
 ) -> tuple[WhyNotLimit, tuple[DecisionRecord, ...]]:
@@ -57,17 +79,9 @@ def limit(
         state: what was written so far (a fresh `WhyNotLimit` the first time).
         records: why-not records, in the order they would be written.
     """
-    quotas = dict(state.quotas)
     written = []
     for record in records:
-        minute = record.time.replace(second=0, microsecond=0)
-        quota = quotas.get(record.rule)
-        if quota is None or minute > quota.minute:
-            quota = Quota(minute=minute, left_out=quota.left_out if quota else 0)
-        if quota.written < state.per_minute:
-            written.append(replace(record, suppressed=quota.left_out))
-            quota = replace(quota, written=quota.written + 1, left_out=0)
-        else:
-            quota = replace(quota, left_out=quota.left_out + 1)
-        quotas[record.rule] = quota
-    return replace(state, quotas=MappingProxyType(quotas)), tuple(written)
+        state, left_out = take(state, record.rule, record.time)
+        if left_out is not None:
+            written.append(replace(record, suppressed=left_out))
+    return state, tuple(written)

@@ -154,3 +154,31 @@ def test_a_source_mismatch_names_every_glob_of_the_way_in():
 def test_the_why_not_pass_finds_the_same_matches_as_routing(event):
     found, _ = matching.examine(RULES, event, time=at(0))
     assert found == matching.matches(RULES, event, time=at(0))
+
+
+def test_take_tells_before_a_record_is_built_whether_it_is_written_and_what_it_counts():
+    state = why_not.WhyNotLimit(per_minute=2)
+    answers = []
+    for second in (0, 1, 2, 3, 61, 62, 63):
+        state, left_out = why_not.take(state, "r", at(0) + timedelta(seconds=second))
+        answers.append(left_out)
+    # None: left out; a number: written, with how many were left out before it
+    assert answers == [0, 0, None, None, 2, 0, None]
+
+
+def test_the_reasons_are_the_records_not_yet_built():
+    event = replace(drift(1, 0, value=0.5), source="/elsewhere")
+    reasons = engine.why_not_reasons(RULES, event, now=at(1))
+    assert [(w.rule.name, w.outcome, w.reason) for w in reasons] == [
+        ("by-region", Outcome.ERROR, Reason.EXPRESSION_ERROR),
+        ("from-monitors", Outcome.IGNORE, Reason.SOURCE_MISMATCH),
+        ("big-drift", Outcome.IGNORE, Reason.WHERE_FALSE),
+    ]
+    record = engine.why_not_record(RULES, event, reasons[2], now=at(1), suppressed=4)
+    assert (record.rule, record.key, record.event_ids, record.suppressed) == (
+        "big-drift",
+        "",
+        ("d1",),
+        4,
+    )
+    assert "event.data.value > 0.9" in record.message
