@@ -53,13 +53,10 @@ from mode import Service
 
 from handlers.codec import Headers, KafkaRecord, RecordInfo, consumed
 from handlers.input_positions import committed_positions
-from handlers.publishing import aiokafka_options
+from handlers.publishing import RECORD_HEADROOM_BYTES, aiokafka_options, produce_batch_bytes
 from orchestrator.settings import KafkaSettings
 
 log = structlog.get_logger("tuneloop.intake")
-
-HEADROOM_BYTES = 64 * 1024
-"""Room beyond `max_event_bytes` for the headers a forward or a dead letter adds."""
 
 CONFIRM_SECONDS = 5.0
 """How long a revoke waits for the last committed offsets to be readable."""
@@ -190,7 +187,7 @@ class InputBatches(Service):
     # --- lifecycle --------------------------------------------------------------------------
 
     async def on_start(self) -> None:
-        limit = self.kafka.max_event_bytes + HEADROOM_BYTES
+        limit = self.kafka.max_event_bytes + RECORD_HEADROOM_BYTES
         consumer = AIOKafkaConsumer(
             group_id=self.group_id,
             client_id=f"{self.group_id}-consumer",
@@ -355,8 +352,9 @@ class InputBatches(Service):
             transaction_timeout_ms=self.options.transaction_timeout_ms,
             acks="all",
             enable_idempotence=True,
-            max_request_size=self.kafka.max_event_bytes + HEADROOM_BYTES,
+            max_request_size=self.kafka.max_event_bytes + RECORD_HEADROOM_BYTES,
             linger_ms=5,
+            max_batch_size=produce_batch_bytes(self.kafka),
             client_id=f"{self.group_id}-producer",
             **aiokafka_options(self.kafka),
         )

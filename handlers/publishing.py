@@ -42,6 +42,31 @@ def tls_context(kafka: KafkaSettings) -> ssl.SSLContext:
     return context
 
 
+RECORD_HEADROOM_BYTES = 64 * 1024
+"""Room beyond `max_event_bytes` for the headers tuneloop adds to a record it writes (a
+forward's origin, a dead letter's reason)."""
+
+
+PRODUCE_BATCH_BYTES = 256 * 1024
+"""How many bytes of records a worker's producers gather per partition into one batch.
+
+aiokafka (and faust's producer, built on it) keeps one open batch per partition, of at most
+`max_batch_size` bytes (16 KiB by default), and a `send` that finds it full waits until the
+sender has taken it, which is after the partition's previous produce request was answered.
+So at the default a busy partition moved 16 KiB per round trip to the broker. Measured in
+`bench/endtoend.py` on the 2-core machine, 1,000 events/s (the audit topic has one
+partition; stage 1 commits batches of up to 500 forwards): stage 1 took ~600 ms to send a
+500-event batch and fell behind, p50 event -> TrainJob 5.4 s; with 256 KiB, ~200 ms and
+1.2 s. It stays below the brokers' default `message.max.bytes` (1 MiB), and
+`produce_batch_bytes` keeps it within the event size limit, which a broker must accept."""
+
+
+def produce_batch_bytes(kafka: KafkaSettings) -> int:
+    """`PRODUCE_BATCH_BYTES`, or less where the largest record the settings allow is smaller:
+    a broker set up for smaller records may refuse a larger batch."""
+    return min(PRODUCE_BATCH_BYTES, kafka.max_event_bytes + RECORD_HEADROOM_BYTES)
+
+
 def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
     """Connection options for an aiokafka client from the settings (TLS, SASL)."""
     options: dict[str, Any] = {
@@ -82,7 +107,7 @@ class KafkaEventPublisher:
             acks="all",
             enable_idempotence=True,
             # A record at the intake's size limit must fit, with its headers, on the way out.
-            max_request_size=self._kafka.max_event_bytes + 64 * 1024,
+            max_request_size=self._kafka.max_event_bytes + RECORD_HEADROOM_BYTES,
             client_id="tuneloop-publisher",
             **aiokafka_options(self._kafka),
         )
