@@ -22,6 +22,11 @@ What is measured, one after the other:
   load, context), 100 alarms/s (every event launches: the sustained launch rate and its p99),
   then 1,000 events/s of which 1 % are alarms (the realistic mix).
 
+Each phase starts on a quiet machine: the run waits until the cores were busy less than 30 %
+of 3 s (at most 4 min, noted in the rows when it ran out). The controllers take minutes to
+turn 1,000 TrainJobs into JobSets, Jobs and pods on 2 cores (~100 s after the bare creates),
+and a phase that started before they finished measured their backlog as well as its own.
+
 The baseline of each percentile is raw produce->consume (at the phase's rate) plus bare
 create at that percentile: what any Kafka-to-TrainJob bridge pays at least. Warm-up alarms
 (the worker's group join, the first creates) are sent and waited for before timing starts.
@@ -101,6 +106,13 @@ rules:
 two per model id) are counted by a rule they never make fire."""
 
 
+SETTLE_BUSY = 0.3
+"""The machine counts as quiet when its cores were busy less than this share of the time."""
+SETTLE_WINDOW = 3.0
+"""Seconds over which the machine's quiet is judged."""
+SETTLE_SECONDS = 240.0
+"""The longest wait for a quiet machine before a measured part starts anyway."""
+
 WORKER_TRIES = 2
 """Fresh workers to try. A worker used to miss its warm-up events when its just-created
 keyed topic was not yet in the first metadata its consumer read ("not found in cluster
@@ -166,6 +178,41 @@ class _CpuMeter:
             machine_busy=busy - busy0,
             machine_total=total - total0,
         )
+
+
+async def _settle(*, quiet_below: float = SETTLE_BUSY, timeout: float = SETTLE_SECONDS) -> Settled:
+    """Wait until the machine's cores were busy less than *quiet_below* of the time over one
+    `SETTLE_WINDOW`, or *timeout* passed: what an earlier part of the run left to do (the
+    controllers turning TrainJobs into JobSets, Jobs and pods) must not be measured as the
+    next part's cost. Returns at once where /proc cannot be read."""
+    if not Path("/proc/stat").exists():
+        return Settled(0.0, None)
+    began = time.monotonic()
+    while True:
+        busy0, total0 = _CpuMeter._machine_seconds()
+        await asyncio.sleep(SETTLE_WINDOW)
+        busy1, total1 = _CpuMeter._machine_seconds()
+        busy = (busy1 - busy0) / max(total1 - total0, 1e-9)
+        waited = time.monotonic() - began
+        if busy < quiet_below or waited >= timeout:
+            print(f"bench: endtoend settled in {waited:.0f} s (busy {busy:.0%})", file=sys.stderr)
+            return Settled(waited, busy)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How long `_settle` waited, and how busy the machine was at the end (None: unknown)."""
+
+    seconds: float
+    busy: float | None
+
+    @property
+    def note(self) -> str:
+        if self.busy is None:
+            return ""
+        if self.busy < SETTLE_BUSY:
+            return f"started on a quiet machine (after {self.seconds:.0f} s of waiting)"
+        return f"started with the machine {self.busy:.0%} busy (no quiet in {self.seconds:.0f} s)"
 
 
 @dataclass(frozen=True)
@@ -360,6 +407,7 @@ class PhaseResult:
     cpu: CpuUse | None
     launches: int
     profile: profiling.Profile | None = None
+    settled: Settled | None = None
 
 
 async def _end_to_end(
@@ -433,6 +481,7 @@ async def _end_to_end(
                 ]
                 sent: dict[str, float] = {}
                 raw_profile = workdir / f"profile-e2e-{tag}-{number}.txt"
+                settled = await _settle()
                 meter = _CpuMeter.started(meter_pids)
                 with (
                     profiling.recording(worker.pid, raw_profile)
@@ -455,6 +504,7 @@ async def _end_to_end(
                         sustained=_launch_rate(list(seen.values())),
                         cpu=meter.stop(),
                         launches=len(seen),
+                        settled=settled,
                         profile=profiling.summarize(raw_profile.read_text())
                         if raw_profile.exists()
                         else None,
@@ -609,13 +659,17 @@ def run(*, quick: bool) -> Results:  # noqa: PLR0915 -- one straight-line run
             return ""
         return f"; {result.missing} alarms had no TrainJob within the wait (left out)"
 
+    def started(result: PhaseResult) -> str:
+        note = result.settled.note if result.settled is not None else ""
+        return f"; {note}" if note else ""
+
     rows = _latency_rows(
         f"{RATE:g} launching events/s",
         steady.latencies,
         (raw, bare),
         goals={"p99": STEADY_GOAL},
         notes=f"tuneloop run, {count} alarms at {RATE:g}/s, each launching, {sources}"
-        f"{missing(steady)}{retried}",
+        f"{missing(steady)}{started(steady)}{retried}",
     )
     rows.append(
         {
@@ -636,7 +690,8 @@ def run(*, quick: bool) -> Results:  # noqa: PLR0915 -- one straight-line run
         goals={"p99": MIX_GOAL},
         notes=f"{mix.count:,} events at {MIX_RATE:,.0f}/s after the {RATE:g}/s phase; "
         f"{mixed.launches} alarms launch, the others are counted by a rule they never make "
-        f"fire; raw produce->consume measured at {MIX_RATE:,.0f}/s{missing(mixed)}",
+        f"fire; raw produce->consume measured at {MIX_RATE:,.0f}/s{missing(mixed)}"
+        f"{started(mixed)}",
     )
     light_ms = _percentile(light.latencies, 0.99) * 1e3 if light.latencies else float("nan")
     baseline = cast(float, rows[1]["baseline"])
@@ -650,7 +705,7 @@ def run(*, quick: bool) -> Results:  # noqa: PLR0915 -- one straight-line run
             "ratio": light_ms / baseline,
             "goal": "context: the latency of an unloaded worker",
             "notes": f"{light_count} alarms, same worker, before the {RATE:g}/s phase; "
-            f"baseline as at {RATE:g}/s",
+            f"baseline as at {RATE:g}/s{started(light)}",
         }
     )
     if steady.cpu is not None and steady.launches:
