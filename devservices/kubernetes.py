@@ -827,9 +827,11 @@ def external_endpoint() -> KubeEndpoint | None:
 
 
 @contextlib.contextmanager
-def connect(workdir: Path) -> Iterator[KubeEndpoint]:
+def connect(workdir: Path, *, controller_api_qps: int | None = None) -> Iterator[KubeEndpoint]:
     """Yield a Kubernetes API with the Trainer: external, else the local control plane (see the
-    module doc), which is started in *workdir* and stopped on exit.
+    module doc), which is started in *workdir* and stopped on exit. *controller_api_qps* sets
+    the local controller manager's client rate limit (`local_control_plane`); an external
+    cluster is used as it is.
 
     Raises:
         KubernetesUnavailableError: the external cluster cannot be used, or the control plane
@@ -841,5 +843,5 @@ def connect(workdir: Path) -> Iterator[KubeEndpoint]:
         return
     from devservices.control_plane import local_control_plane
 
-    with local_control_plane(workdir) as plane:
+    with local_control_plane(workdir, controller_api_qps=controller_api_qps) as plane:
         yield KubeEndpoint(kubeconfig=plane.kubeconfig, source="control-plane", server=plane)

@@ -78,6 +78,16 @@ def test_the_controller_manager_runs_only_the_listed_controllers_without_leader_
     assert given["secure-port"] == "0"
 
 
+def test_the_controller_manager_keeps_client_gos_rate_limit_unless_told_otherwise() -> None:
+    default = flags(render_kube_controller_manager_args(Path("kcm"), files=FILES))
+    raised = flags(render_kube_controller_manager_args(Path("kcm"), files=FILES, api_qps=200))
+
+    assert "kube-api-qps" not in default
+    assert "kube-api-burst" not in default
+    assert raised["kube-api-qps"] == "200"
+    assert raised["kube-api-burst"] == "400"
+
+
 def test_the_trainer_serves_on_loopback_with_the_status_server_gate_on_and_our_certificates() -> (
     None
 ):
