@@ -168,19 +168,10 @@ class Orchestrator:
     def why_not_records(self, event: CloudEvent) -> tuple[DecisionRecord, ...]:
         """Why the rules that name *event*'s type did not consider it (`ignore`, `error`),
         as many as the per-rule limit still allows this minute; to be passed to `audit`."""
-        now = self._clock.now()
-        reasons = engine.why_not_reasons(self._rules, event, now=now)
-        if not reasons:
-            return ()
-        time = event.event_time(now)
-        written = []
-        for why in reasons:
-            self._why_not, left_out = why_not.take(self._why_not, why.rule.name, time)
-            if left_out is not None:
-                written.append(
-                    engine.why_not_record(self._rules, event, why, now=now, suppressed=left_out)
-                )
-        return tuple(written)
+        self._why_not, written = engine.why_not_written(
+            self._rules, self._why_not, event, now=self._clock.now()
+        )
+        return written
 
     async def audit(self, records: tuple[DecisionRecord, ...]) -> None:
         """Publish *records* to the audit topic, in order."""

@@ -8,10 +8,9 @@ cannot disagree.
 How the wiring drives it, per event:
   1. `route(rules, event)` gives every (rule, key) the event is relevant to; repartition the
      event by key so that one worker owns all state of a key. Also publish
-     `why_not(rules, event, now=...)` (rules that name the event's type but did not consider
-     it: a source glob, a false `where`, a `where` or key that failed), through
-     `why_not.limit` so that one rule writes at most a few per minute (the service asks
-     `why_not.take` per `why_not_reasons` item first, and builds only the records it keeps).
+     the why-not records (rules that name the event's type but did not consider it: a source
+     glob, a false `where`, a `where` or key that failed) that `why_not_written` lets
+     through, so that one rule writes at most a few per minute.
   2. For each DISTINCT key: `evaluate(rules, state_of_key, event, key=key, now=now)`; store
      the new state, publish every record to the audit topic, call the backend for `launch`
      (`record.job`) and `cancel` (`record.job_name`) records.
@@ -59,6 +58,7 @@ from orchestrator.rules.model import Rule, RuleSet
 from orchestrator.rules.records import Decider
 from orchestrator.rules.state import InputPosition, KeyState, identity
 from orchestrator.rules.timers import next_wakeup
+from orchestrator.rules.why_not import WhyNotLimit, take
 from orchestrator.sweeps.spec import SweepSpec
 from orchestrator.sweeps.state import SweepState
 
@@ -187,6 +187,21 @@ def why_not(rules: RuleSet, event: CloudEvent, *, now: datetime) -> tuple[Decisi
     return tuple(
         why_not_record(rules, event, why, now=now) for why in why_not_reasons(rules, event, now=now)
     )
+
+
+def why_not_written(
+    rules: RuleSet, limit: WhyNotLimit, event: CloudEvent, *, now: datetime
+) -> tuple[WhyNotLimit, tuple[DecisionRecord, ...]]:
+    """The why-not records of *event* that the per-minute *limit* lets through, each counting
+    the records its rule left out before it, and the limit's new state. A record the limit
+    leaves out is never built (its id is a hash): the worker calls this for every event."""
+    time = event.event_time(now)
+    written = []
+    for why in why_not_reasons(rules, event, now=now):
+        limit, left_out = take(limit, why.rule.name, time)
+        if left_out is not None:
+            written.append(why_not_record(rules, event, why, now=now, suppressed=left_out))
+    return limit, tuple(written)
 
 
 def sweep_of(rules: RuleSet, record: DecisionRecord) -> SweepSpec | None:

@@ -1,16 +1,17 @@
 """Why-not records: why a rule that names an event's type did not consider the event, and how
 many such records a rule may write.
 
-`engine.why_not` turns what `matching` found (a source glob that did not match, a false
-`where`, a `where` or key expression that failed) into decision records; `limit` keeps at most
-`per_minute` of them per rule per minute of event time, so that a noisy producer cannot flood
-the audit topic, and the next record that is written says how many were left out
-(`DecisionRecord.suppressed`).
+`engine.why_not_reasons` finds, from what `matching` found, why a rule did not consider an
+event (a source glob that did not match, a false `where`, a `where` or key expression that
+failed); `take` lets at most `per_minute` of them per rule per minute of event time be
+written, so that a noisy producer cannot flood the audit topic, and the next record that is
+written says how many were left out (`DecisionRecord.suppressed`). `engine.why_not_written`
+asks `take` before it builds each record.
 
 The limit's state is a value (`WhyNotLimit`) that the caller keeps and passes back in: the
 service keeps one per worker, in memory. That is enough for diagnostic records: a restart
 forgets how many were written this minute and at worst writes `per_minute` more. Counting by
-event time (not the wall clock) keeps `limit` pure; an event older than the minute being
+event time (not the wall clock) keeps `take` pure; an event older than the minute being
 counted counts against that minute.
 """
 
@@ -20,8 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
-
-from orchestrator.ledger import DecisionRecord
 
 DEFAULT_PER_MINUTE = 10
 """Why-not records one rule may write per minute of event time, by default."""
@@ -51,8 +50,8 @@ def take(state: WhyNotLimit, rule: str, time: datetime) -> tuple[WhyNotLimit, in
     """Count one why-not record of *rule* at event *time*: the new state, and how many records
     of the rule were left out before this one if it may be written (None: it is left out).
 
-    `limit` is this, record by record; the service calls it before it builds a record, so a
-    record the limit leaves out is never built.
+    `engine.why_not_written` calls it before it builds a record, so a record the limit
+    leaves out is never built.
     """
     minute = time.replace(second=0, microsecond=0)
     quota = state.quotas.get(rule)
@@ -67,21 +66,3 @@ def take(state: WhyNotLimit, rule: str, time: datetime) -> tuple[WhyNotLimit, in
         quota = replace(quota, left_out=quota.left_out + 1)
     quotas = MappingProxyType({**state.quotas, rule: quota})
     return replace(state, quotas=quotas), written
-
-
-def limit(
-    state: WhyNotLimit, records: tuple[DecisionRecord, ...]
-) -> tuple[WhyNotLimit, tuple[DecisionRecord, ...]]:
-    """The *records* their rules may still write this minute, each with the count left out
-    before it; and the new state.
-
-    Args:
-        state: what was written so far (a fresh `WhyNotLimit` the first time).
-        records: why-not records, in the order they would be written.
-    """
-    written = []
-    for record in records:
-        state, left_out = take(state, record.rule, record.time)
-        if left_out is not None:
-            written.append(replace(record, suppressed=left_out))
-    return state, tuple(written)

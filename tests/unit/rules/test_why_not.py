@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from orchestrator.jobs.model import TraceContext
-from orchestrator.ledger import DecisionRecord, Outcome, Reason
+from orchestrator.ledger import Outcome, Reason
 from orchestrator.rules import engine, matching, why_not
 from tests.unit.rules.builders import DATA, DRIFT, LAUNCH, arrived, at, drift, rules_from
 
@@ -68,47 +68,61 @@ def test_why_not_records_carry_the_events_trace_context():
     assert record.trace == TraceContext(TRACEPARENT)
 
 
-def ignored(n: int, *, second: float, rule: str = "r") -> DecisionRecord:
-    return DecisionRecord(
-        outcome=Outcome.IGNORE,
-        reason=Reason.WHERE_FALSE,
-        rule=rule,
-        rule_version="v1",
-        key="",
-        time=at(0) + timedelta(seconds=second),
-        event_ids=(f"e{n}",),
-    )
+def takes(
+    state: why_not.WhyNotLimit, rules_and_seconds: list[tuple[str, float]]
+) -> tuple[why_not.WhyNotLimit, list[int | None]]:
+    """What `take` answers for records of these rules at these seconds, in order."""
+    answers = []
+    for rule, second in rules_and_seconds:
+        state, left_out = why_not.take(state, rule, at(0) + timedelta(seconds=second))
+        answers.append(left_out)
+    return state, answers
 
 
 def test_a_rule_writes_at_most_its_limit_per_minute_and_the_next_record_counts_the_rest():
-    limit = why_not.WhyNotLimit(per_minute=2)
-    limit, first = why_not.limit(limit, tuple(ignored(n, second=n) for n in range(5)))
-    assert [(r.event_ids, r.suppressed) for r in first] == [(("e0",), 0), (("e1",), 0)]
-    limit, later = why_not.limit(limit, (ignored(9, second=61),))
-    assert [(r.event_ids, r.suppressed) for r in later] == [(("e9",), 3)]
+    state, first = takes(why_not.WhyNotLimit(per_minute=2), [("r", n) for n in range(5)])
+    # None: left out; a number: written, with how many were left out before it
+    assert first == [0, 0, None, None, None]
+    _, later = takes(state, [("r", 61)])
+    assert later == [3]
 
 
 def test_each_rule_has_its_own_limit():
-    limit = why_not.WhyNotLimit(per_minute=1)
-    records = (ignored(1, second=1, rule="a"), ignored(2, second=2, rule="b"))
-    _, written = why_not.limit(limit, records)
-    assert [r.rule for r in written] == ["a", "b"]
+    _, answers = takes(why_not.WhyNotLimit(per_minute=1), [("a", 1), ("b", 2), ("a", 3)])
+    assert answers == [0, 0, None]
 
 
 def test_an_event_older_than_the_minute_being_counted_counts_against_that_minute():
-    limit = why_not.WhyNotLimit(per_minute=1)
-    limit, _ = why_not.limit(limit, (ignored(1, second=70),))
-    _, written = why_not.limit(limit, (ignored(2, second=5),))
-    assert written == ()
+    state, _ = takes(why_not.WhyNotLimit(per_minute=1), [("r", 70)])
+    _, answers = takes(state, [("r", 5)])
+    assert answers == [None]
 
 
 @pytest.mark.parametrize("per_minute", [1, 3], ids=["one", "three"])
 def test_the_same_records_in_the_same_order_are_limited_the_same_way(per_minute):
-    records = tuple(ignored(n, second=n * 7) for n in range(24))
-    once = why_not.limit(why_not.WhyNotLimit(per_minute=per_minute), records)
-    again = why_not.limit(why_not.WhyNotLimit(per_minute=per_minute), records)
+    records = [("r", n * 7) for n in range(24)]
+    once = takes(why_not.WhyNotLimit(per_minute=per_minute), records)
+    again = takes(why_not.WhyNotLimit(per_minute=per_minute), records)
     assert once == again
-    assert len(once[1]) == 3 * per_minute  # seconds 0..161: three minutes of event time
+    written = [answer for answer in once[1] if answer is not None]
+    assert len(written) == 3 * per_minute  # seconds 0..161: three minutes of event time
+
+
+def test_the_worker_builds_only_the_records_the_limit_lets_through():
+    def turned_away(n: int, minute: float):  # by big-drift's `where` only (value <= 0.9)
+        return drift(n, minute, value=0.5, region="eu")
+
+    limit = why_not.WhyNotLimit(per_minute=1)
+    limit, first = engine.why_not_written(RULES, limit, turned_away(1, 0), now=at(0))
+    limit, second = engine.why_not_written(RULES, limit, turned_away(2, 0.2), now=at(0.2))
+    limit, third = engine.why_not_written(RULES, limit, turned_away(3, 0.4), now=at(0.4))
+    _, next_minute = engine.why_not_written(RULES, limit, turned_away(4, 1.2), now=at(1.2))
+    assert [(r.rule, r.event_ids) for r in first] == [("big-drift", ("d1",))]
+    assert (second, third) == ((), ())
+    assert [(r.event_ids, r.suppressed) for r in next_minute] == [(("d4",), 2)]
+    # a written record is the one `why_not` writes out, with its count of the left out
+    (unlimited,) = engine.why_not(RULES, turned_away(4, 1.2), now=at(1.2))
+    assert next_minute == (replace(unlimited, suppressed=2),)
 
 
 JOINED = rules_from(
