@@ -32,14 +32,16 @@ async def test_stage_1s_transactional_producer_gathers_256_kib_per_partition(
 ) -> None:
     made: list[dict[str, Any]] = []
 
-    class Producer:
+    class StandInProducer:
+        """Stands in for aiokafka's producer: keeps the options stage 1 builds it with."""
+
         def __init__(self, **options: Any) -> None:
             made.append(options)
 
         async def start(self) -> None:
             pass
 
-    monkeypatch.setattr(input_batches, "AIOKafkaProducer", Producer)
+    monkeypatch.setattr(input_batches, "AIOKafkaProducer", StandInProducer)
     reader = InputBatches(KafkaSettings(group_id="batches-unit"), sort=None, count=None)  # type: ignore[arg-type]
     await reader._start_producer()
     (options,) = made
