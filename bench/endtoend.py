@@ -307,11 +307,9 @@ class _TrainJobWatch:
         from kubernetes import client, watch
 
         from runtimes.kubernetes.catalog import GROUP, VERSION
-        from runtimes.kubernetes.manifests import CAUSING_EVENT_IDS
 
         api = client.CustomObjectsApi(self._api_client)
-        listed = api.list_namespaced_custom_object(GROUP, VERSION, self._namespace, "trainjobs")
-        version = listed["metadata"]["resourceVersion"]
+        version = self._list(api)
         self._ready.set()
         while not self._stopping.is_set():
             stream = watch.Watch().stream(
@@ -321,18 +319,41 @@ class _TrainJobWatch:
                 self._namespace,
                 "trainjobs",
                 resource_version=version,
+                allow_watch_bookmarks=True,
                 timeout_seconds=2,
             )
-            for change in stream:
-                seen = time.perf_counter()
-                meta = change["object"]["metadata"]
-                version = meta.get("resourceVersion", version)
-                if change["type"] != "ADDED":
-                    continue
-                self.by_name.setdefault(meta["name"], seen)
-                ids = json.loads((meta.get("annotations") or {}).get(CAUSING_EVENT_IDS, "[]"))
-                if ids:
-                    self.by_event.setdefault(ids[-1], seen)
+            try:
+                for change in stream:
+                    seen = time.perf_counter()
+                    meta = change["object"]["metadata"]
+                    version = meta.get("resourceVersion", version)
+                    if change["type"] == "ADDED":
+                        self._see(meta, seen)
+            except client.ApiException as exc:
+                if exc.status != 410:
+                    raise
+                # The version we resume from was compacted away (a quiet namespace for the API
+                # server's compaction interval; seen once, after a long settle wait). List
+                # again: a TrainJob created in the gap counts as seen now, later than it was.
+                version = self._list(api)
+
+    def _list(self, api: Any) -> str:
+        """Mark every TrainJob not seen yet as seen now; the list's resource version."""
+        from runtimes.kubernetes.catalog import GROUP, VERSION
+
+        listed = api.list_namespaced_custom_object(GROUP, VERSION, self._namespace, "trainjobs")
+        seen = time.perf_counter()
+        for item in listed["items"]:
+            self._see(item["metadata"], seen)
+        return str(listed["metadata"]["resourceVersion"])
+
+    def _see(self, meta: dict[str, Any], seen: float) -> None:
+        from runtimes.kubernetes.manifests import CAUSING_EVENT_IDS
+
+        self.by_name.setdefault(meta["name"], seen)
+        ids = json.loads((meta.get("annotations") or {}).get(CAUSING_EVENT_IDS, "[]"))
+        if ids:
+            self.by_event.setdefault(ids[-1], seen)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[_TrainJobWatch]:
