@@ -353,7 +353,10 @@ class InputBatches(Service):
             acks="all",
             enable_idempotence=True,
             max_request_size=self.kafka.max_event_bytes + RECORD_HEADROOM_BYTES,
-            linger_ms=5,
+            # No linger: a batch's records are all handed over before its transaction waits
+            # for them, so a linger only held back the last request of every transaction
+            # (2026-12-07, timed inside stage 1 at 10 events/s: send 16 -> 12 ms at p50).
+            linger_ms=0,
             max_batch_size=produce_batch_bytes(self.kafka),
             client_id=f"{self.group_id}-producer",
             **aiokafka_options(self.kafka),

@@ -1,6 +1,7 @@
 """The worker's producers gather up to 256 KiB per partition into one batch, not aiokafka's
 16 KiB, which moved a busy partition 16 KiB per round trip to the broker; never more than the
-largest record the settings allow, which the broker must accept anyway."""
+largest record the settings allow, which the broker must accept anyway. Stage 1 hands over a
+whole batch before it waits for it, so its producer does not linger."""
 
 from __future__ import annotations
 
@@ -47,3 +48,5 @@ async def test_stage_1s_transactional_producer_gathers_256_kib_per_partition(
     (options,) = made
     assert options["max_batch_size"] == 256 * KIB
     assert options["transactional_id"] == reader.transactional_id
+    # a linger could only hold back the last request of each transaction
+    assert options["linger_ms"] == 0
