@@ -28,9 +28,8 @@ def test_a_smaller_event_limit_makes_the_batches_no_larger_than_its_largest_reco
     assert new_app(kafka).conf.producer_max_batch_size == 100_000 + 64 * KIB
 
 
-async def test_stage_1s_transactional_producer_gathers_256_kib_per_partition(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def _stage_1s_producer_options(monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], str]:
+    """The options stage 1 builds its transactional producer with, and its transactional id."""
     made: list[dict[str, Any]] = []
 
     class StandInProducer:
@@ -46,7 +45,21 @@ async def test_stage_1s_transactional_producer_gathers_256_kib_per_partition(
     reader = InputBatches(KafkaSettings(group_id="batches-unit"), sort=None, count=None)  # type: ignore[arg-type]
     await reader._start_producer()
     (options,) = made
+    return options, reader.transactional_id
+
+
+async def test_stage_1s_transactional_producer_gathers_256_kib_per_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    options, transactional_id = await _stage_1s_producer_options(monkeypatch)
     assert options["max_batch_size"] == 256 * KIB
-    assert options["transactional_id"] == reader.transactional_id
-    # a linger could only hold back the last request of each transaction
+    assert options["transactional_id"] == transactional_id
+
+
+async def test_stage_1s_transactional_producer_does_not_linger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # it hands over a whole batch before it waits, so a linger would only hold back the last
+    # request of each transaction
+    options, _ = await _stage_1s_producer_options(monkeypatch)
     assert options["linger_ms"] == 0
